@@ -1,0 +1,15 @@
+"""The library of the LLM inference serving course.
+
+Notebooks import it for everything that is not the lesson itself: runtime setup
+(:mod:`course.env`), the models (:mod:`course.models`), live measurements
+(:mod:`course.measure`), the shared records (:mod:`course.trace`, :mod:`course.geometry`,
+:mod:`course.hardware`), reference metrics (:mod:`course.metrics`), the roofline
+(:mod:`course.roofline`), plots (:mod:`course.plotting`) and test helpers (:mod:`course.grading`).
+Importing the package is cheap: torch is imported only when a function needs it.
+"""
+
+from course.env import in_colab, quick_mode, runtime_info, setup
+from course.models import load_model
+
+__version__ = "0.1.0"
+__all__ = ["in_colab", "load_model", "quick_mode", "runtime_info", "setup"]

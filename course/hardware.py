@@ -1,0 +1,154 @@
+"""Hardware specs: memory, bandwidth and dense FLOP/s, each with its source.
+
+Used by the roofline (modules 1 and 3) and the capacity budget (module 4). GPU figures are
+the vendor's datasheet numbers for dense bf16/fp16 tensor math (datasheets often print the
+2:4-sparse figure, twice as large); "GB" is 10**9 bytes as on the datasheets.
+:func:`measure_runtime` makes a spec for the learner's own runtime from measurements.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+GB = 1e9
+TB = 1e12
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One accelerator (or CPU) as the roofline sees it.
+
+    Attributes:
+        name: short name, e.g. "H100-SXM".
+        memory_bytes: device memory (bytes).
+        bandwidth: peak memory bandwidth (bytes/s).
+        flops: peak dense bf16/fp16 throughput (FLOP/s), or fp32 for a measured CPU.
+        source: where the numbers come from (a datasheet URL, or "measured ...").
+    """
+
+    name: str
+    memory_bytes: float
+    bandwidth: float
+    flops: float
+    source: str
+
+    @property
+    def ridge_point(self) -> float:
+        """Arithmetic intensity (FLOP/byte) above which work is compute-bound."""
+        return self.flops / self.bandwidth
+
+
+_A100_DATASHEET = (
+    "NVIDIA A100 datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+    "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+)
+
+GPUS: dict[str, HardwareSpec] = {
+    spec.name: spec
+    for spec in [
+        HardwareSpec(
+            "T4",
+            16 * GB,
+            320 * GB,
+            65 * TFLOPS,
+            "NVIDIA T4 datasheet (65 TFLOPS mixed-precision FP16; no bf16 tensor cores), "
+            "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf",
+        ),
+        HardwareSpec(
+            "L4",
+            24 * GB,
+            300 * GB,
+            121 * TFLOPS,
+            "NVIDIA L4 product page (242 TFLOPS FP16/BF16 with sparsity, so 121 dense), "
+            "https://www.nvidia.com/en-us/data-center/l4/",
+        ),
+        HardwareSpec("A100-40GB", 40 * GB, 1555 * GB, 312 * TFLOPS, _A100_DATASHEET + " (SXM, HBM2)"),
+        HardwareSpec("A100-80GB", 80 * GB, 2039 * GB, 312 * TFLOPS, _A100_DATASHEET + " (SXM, HBM2e)"),
+        HardwareSpec(
+            "H100-SXM",
+            80 * GB,
+            3.35 * TB,
+            989 * TFLOPS,
+            "NVIDIA H100 product page (1,979 TFLOPS BF16 with sparsity, so 989 dense), "
+            "https://www.nvidia.com/en-us/data-center/h100/",
+        ),
+        HardwareSpec(
+            "H200-SXM",
+            141 * GB,
+            4.8 * TB,
+            989 * TFLOPS,
+            "NVIDIA H200 product page (same compute as H100 SXM, HBM3e), "
+            "https://www.nvidia.com/en-us/data-center/h200/",
+        ),
+    ]
+}
+
+
+def gpu(name: str) -> HardwareSpec:
+    """Look up a catalogue GPU by name (case-insensitive)."""
+    for key, spec in GPUS.items():
+        if key.lower() == name.lower():
+            return spec
+    raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}")
+
+
+def measure_runtime(device: str = "cpu", *, quick: bool = False) -> HardwareSpec:
+    """Measure this runtime's achievable matmul FLOP/s and copy bandwidth.
+
+    Matmul: a square fp32 (CPU) or fp16 (GPU) product, 2·n³ FLOPs. Bandwidth: copying a
+    buffer far larger than the caches, counted as bytes read plus bytes written. Best of a
+    few runs, so the figures are what this runtime can reach, not what it usually gets.
+    """
+    import torch
+
+    on_gpu = device.startswith("cuda")
+    dtype = torch.float16 if on_gpu else torch.float32
+    n = (4096 if on_gpu else 1024) if quick else (8192 if on_gpu else 2048)
+    copy_bytes = (64 if quick else 256) * 2**20
+
+    def sync() -> None:
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    def best_time(fn, repeats: int) -> float:
+        fn()  # warm-up: allocation, kernel selection
+        sync()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    matmul_s = best_time(lambda: a @ b, repeats=3)
+    src = torch.empty(copy_bytes // 4, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    copy_s = best_time(lambda: dst.copy_(src), repeats=5)
+    if on_gpu:
+        memory = torch.cuda.get_device_properties(0).total_memory
+        name = torch.cuda.get_device_name(0)
+    else:
+        memory = _physical_memory_bytes()
+        name = f"this CPU ({torch.get_num_threads()} threads)"
+    return HardwareSpec(
+        name=name,
+        memory_bytes=float(memory),
+        bandwidth=2 * copy_bytes / copy_s,
+        flops=2 * n**3 / matmul_s,
+        source=f"measured on this runtime: {n}x{n} {str(dtype).removeprefix('torch.')} matmul, "
+        f"{copy_bytes // 2**20} MiB copy",
+    )
+
+
+def _physical_memory_bytes() -> float:
+    import os
+
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return float("nan")

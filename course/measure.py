@@ -1,0 +1,186 @@
+"""Live measurements of prefill and decode on the learner's runtime.
+
+Every function times real forward passes of a :class:`~course.models.LanguageModel` with
+``time.perf_counter`` (synchronising the GPU first where there is one) and returns plain
+numbers in seconds. Repeated timings report the median, which shrugs off the odd slow run
+on a shared machine; the spread is kept where a plot wants it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from course.models import LanguageModel, forward, new_cache
+from course.trace import RequestTrace
+
+
+def _progress(items, description: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=description, leave=False)
+
+
+def synchronize(lm: LanguageModel) -> None:
+    """Wait for queued GPU work, so the clock measures work done rather than work queued."""
+    if lm.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def time_repeated(fn: Callable[[], object], lm: LanguageModel, repeats: int, warmup: int = 1) -> list[float]:
+    """Wall-clock seconds of ``fn()`` over ``repeats`` runs, after ``warmup`` untimed runs."""
+    for _ in range(warmup):
+        fn()
+    synchronize(lm)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        synchronize(lm)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median and spread of repeated timings of one configuration (seconds)."""
+
+    size: int  # the swept quantity: prompt tokens, batch size, ...
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, size: int, times: Sequence[float]) -> Timing:
+        return cls(size, statistics.median(times), min(times), max(times))
+
+
+def prefill_seconds(lm: LanguageModel, prompt_tokens: int, batch: int = 1, repeats: int = 3) -> Timing:
+    """Time one prefill: a forward pass over the whole prompt into an empty cache."""
+    import torch
+
+    ids = lm.random_ids(batch, prompt_tokens)
+    with torch.inference_mode():
+        times = time_repeated(lambda: forward(lm.model, ids, new_cache(lm.model)), lm, repeats)
+    return Timing.of(prompt_tokens, times)
+
+
+def prefill_sweep(lm: LanguageModel, lengths: Sequence[int], repeats: int = 3) -> list[Timing]:
+    """Prefill latency at each prompt length (batch 1)."""
+    return [prefill_seconds(lm, n, repeats=repeats) for n in _progress(lengths, "prefill sweep")]
+
+
+def decode_step_seconds(lm: LanguageModel, batch: int, context: int, steps: int = 8) -> Timing:
+    """Time single decode steps of ``batch`` sequences that each hold ``context`` tokens.
+
+    The cache is filled by one prefill (not timed); then every step feeds one new token per
+    sequence, exactly what a serving engine does for its running requests.
+    """
+    import torch
+
+    with torch.inference_mode():
+        logits, cache = forward(lm.model, lm.random_ids(batch, context), new_cache(lm.model))
+        next_ids = logits[:, -1:].argmax(-1)  # (batch, 1)
+        forward(lm.model, next_ids, cache)  # warm-up step at this batch size
+        times = []
+        for _ in range(steps):
+            synchronize(lm)
+            start = time.perf_counter()
+            logits, cache = forward(lm.model, next_ids, cache)
+            next_ids = logits[:, -1:].argmax(-1)
+            synchronize(lm)
+            times.append(time.perf_counter() - start)
+    return Timing.of(batch, times)
+
+
+def decode_sweep(lm: LanguageModel, batch_sizes: Sequence[int], context: int, steps: int = 8) -> list[Timing]:
+    """Decode step latency at each batch size, all sequences at ``context`` tokens."""
+    return [decode_step_seconds(lm, b, context, steps) for b in _progress(batch_sizes, "decode sweep")]
+
+
+def greedy_step_times(lm: LanguageModel, prompt_tokens: int, new_tokens: int, use_cache: bool) -> list[float]:
+    """Seconds per generated token, generating greedily with or without the KV cache.
+
+    Without the cache every step runs the model over the whole sequence so far (prompt plus
+    everything generated), which is what generation cost before KV caching.
+    """
+    import torch
+
+    ids = lm.random_ids(1, prompt_tokens)
+    times = []
+    with torch.inference_mode():
+        if use_cache:
+            logits, cache = forward(lm.model, ids, new_cache(lm.model))
+            next_ids = logits[:, -1:].argmax(-1)
+        for _ in range(new_tokens):
+            synchronize(lm)
+            start = time.perf_counter()
+            if use_cache:
+                logits, cache = forward(lm.model, next_ids, cache)
+                next_ids = logits[:, -1:].argmax(-1)
+            else:
+                logits = lm.model(input_ids=ids, use_cache=False).logits
+                ids = torch.cat([ids, logits[:, -1:].argmax(-1)], dim=1)
+            synchronize(lm)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def stream_request(
+    lm: LanguageModel,
+    prompt_ids,
+    max_new_tokens: int,
+    request_id: str = "0",
+    send_time: float | None = None,
+) -> RequestTrace:
+    """Generate greedily and record when each token became available, as a trace.
+
+    prompt_ids: (1, prompt_tokens). Each token is one chunk. ``send_time`` is when the request
+    "arrived" (default: now); a request that waited in a queue passes its arrival time, and
+    the wait becomes part of its TTFT, as it would on a server.
+    """
+    import torch
+
+    send = time.perf_counter() if send_time is None else send_time
+    chunk_times = []
+    with torch.inference_mode():
+        logits, cache = forward(lm.model, prompt_ids, new_cache(lm.model))  # prefill
+        next_ids = logits[:, -1:].argmax(-1)
+        synchronize(lm)
+        chunk_times.append(time.perf_counter())
+        for _ in range(max_new_tokens - 1):  # decode, one token per step
+            logits, cache = forward(lm.model, next_ids, cache)
+            next_ids = logits[:, -1:].argmax(-1)
+            synchronize(lm)
+            chunk_times.append(time.perf_counter())
+    return RequestTrace(
+        request_id=request_id,
+        send_time=send,
+        chunk_times=chunk_times,
+        chunk_tokens=[1] * len(chunk_times),
+        prompt_tokens=int(prompt_ids.shape[1]),
+        output_tokens=len(chunk_times),
+        finish_reason="length",
+    )
+
+
+def serve_one_at_a_time(
+    lm: LanguageModel, prompt_lengths: Sequence[int], output_lengths: Sequence[int], seed: int = 0
+) -> list[RequestTrace]:
+    """A burst of requests that all arrive at once and are served one after another.
+
+    The simplest possible server: no batching, first come first served. Request k waits for
+    requests 0..k-1 to finish, and that queueing shows up in its TTFT.
+    """
+    if len(prompt_lengths) != len(output_lengths):
+        raise ValueError("give one output length per prompt length")
+    prompts = [lm.random_ids(1, n, seed=seed + i) for i, n in enumerate(prompt_lengths)]
+    arrival = time.perf_counter()
+    return [
+        stream_request(lm, prompt, n_out, request_id=str(i), send_time=arrival)
+        for i, (prompt, n_out) in enumerate(zip(prompts, output_lengths))
+    ]

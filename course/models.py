@@ -1,0 +1,292 @@
+"""The course's language models: a tiny offline Llama for every runtime, a real one on GPUs.
+
+The tiny model has the architecture of the real thing (Llama, grouped-query attention: 4
+layers, 4 query heads sharing 2 KV heads, head_dim 64) with random weights drawn from a seed,
+and a byte-level BPE tokenizer shipped in ``course/data/tokenizer.json``. It needs no network
+and is ready in well under a second once torch and transformers are imported. Its text is
+gibberish: the course measures *time*, and time does not care what the tokens say.
+
+The cache helpers hide the one API difference across transformers 5.x: the forward keyword
+and output field are ``past_key_values`` up to 5.2x and ``cache`` from 5.24 on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from course.geometry import ModelGeometry, from_hf_config
+
+TOKENIZER_FILE = Path(__file__).parent / "data" / "tokenizer.json"
+TINY_NAME = "course-tiny-llama"
+# A real small GQA model (14 query heads, 2 KV heads) for GPU runtimes with Hub access.
+HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+TINY_CONFIG: dict[str, Any] = dict(
+    hidden_size=256,
+    intermediate_size=688,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # GQA: each KV head serves two query heads
+    head_dim=64,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+)
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+
+# --- tokenizer --------------------------------------------------------------------------------
+
+
+def train_tokenizer(files: list[str], vocab_size: int = 2048):
+    """Train the byte-level BPE tokenizer that ships in course/data (maintainers only).
+
+    ``python -m course.models`` retrains it on the Python standard library's sources; the
+    committed file keeps every runtime on identical token ids.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train(files, trainer)
+    return tokenizer
+
+
+@cache
+def _tokenizer_json() -> str:
+    return TOKENIZER_FILE.read_text()
+
+
+def load_tokenizer():
+    """The course tokenizer as a transformers fast tokenizer (no network)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_tokenizer_json()),
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+    )
+    tokenizer.model_max_length = TINY_CONFIG["max_position_embeddings"]
+    return tokenizer
+
+
+# --- cache API across transformers 5.x ----------------------------------------------------------
+
+
+@cache
+def _cache_keyword(model_class: type) -> str:
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def new_cache(model):
+    """An empty dynamic KV cache for ``model``."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def forward(model, input_ids, cache=None, **kwargs):
+    """One forward pass that reads and extends ``cache``; returns (logits, cache).
+
+    input_ids: (batch, new_tokens) token ids. logits: (batch, new_tokens, vocab).
+    """
+    kwargs[_cache_keyword(type(model))] = cache if cache is not None else new_cache(model)
+    out = model(input_ids=input_ids, use_cache=True, **kwargs)
+    new = out["cache"] if "cache" in out else out["past_key_values"]
+    return out.logits, new
+
+
+def cache_layers(cache) -> list[tuple[Any, Any]]:
+    """(keys, values) per layer, each (batch, kv_heads, seq_len, head_dim)."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def cache_nbytes(cache) -> int:
+    """Bytes held by the keys and values of every layer."""
+    return sum(k.nelement() * k.element_size() + v.nelement() * v.element_size() for k, v in cache_layers(cache))
+
+
+# --- the model wrapper --------------------------------------------------------------------------
+
+
+@dataclass
+class LanguageModel:
+    """A causal LM ready for timing: model, tokenizer, where it runs and its geometry."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    source: str  # how it was obtained, in words
+    geometry: ModelGeometry
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self):
+        return next(self.model.parameters()).dtype
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    def random_ids(self, batch: int, length: int, seed: int = 0):
+        """(batch, length) token ids drawn from the ordinary (non-special) vocabulary."""
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        low = len(SPECIAL_TOKENS) if self.name == TINY_NAME else 0
+        ids = torch.randint(low, self.vocab_size, (batch, length), generator=generator)
+        return ids.to(self.device)
+
+    def encode(self, text: str):
+        """(1, tokens) ids of ``text`` on the model's device."""
+        return self.tokenizer(text, return_tensors="pt").input_ids.to(self.device)
+
+    def describe(self) -> str:
+        g = self.geometry
+        return (
+            f"{self.name} [{self.source}]: {self.num_params / 1e6:.2f} M parameters, {g.num_layers} layers, "
+            f"{g.num_query_heads} query heads / {g.num_kv_heads} KV heads ({g.attention}), head_dim {g.head_dim}, "
+            f"{str(self.dtype).removeprefix('torch.')} on {self.device}"
+        )
+
+
+def build_tiny_model(seed: int = 0, device: str = "cpu", dtype=None) -> LanguageModel:
+    """The tiny Llama with weights drawn from ``seed`` (same seed, same weights)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = load_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **TINY_CONFIG,
+    )
+    previous = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    torch.random.set_rng_state(previous)  # building the model must not disturb the caller's seed
+    model = model.to(device=device, dtype=dtype or torch.float32).eval()
+    geometry = from_hf_config(config, name=TINY_NAME, num_params=sum(p.numel() for p in model.parameters()))
+    return LanguageModel(model, tokenizer, TINY_NAME, f"built offline from seed {seed}", geometry)
+
+
+def save_tiny_model(path: str | Path, seed: int = 0) -> Path:
+    """Write the tiny model and tokenizer to a folder that ``from_pretrained`` and
+    ``transformers serve`` can load."""
+    path = Path(path)
+    lm = build_tiny_model(seed)
+    lm.model.save_pretrained(path)
+    lm.tokenizer.save_pretrained(path)
+    return path
+
+
+def _hub_disabled() -> str | None:
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in {"1", "true", "yes", "on"}:
+            return f"{var} is set"
+    return None
+
+
+def load_hub_model(name: str, device: str, dtype=None) -> LanguageModel:
+    """Load a real model from the Hugging Face Hub (raises when the Hub is unreachable)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype is None:
+        bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
+        dtype = torch.bfloat16 if bf16 else (torch.float16 if device.startswith("cuda") else torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device).eval()
+    geometry = from_hf_config(model.config, name=name, num_params=sum(p.numel() for p in model.parameters()))
+    return LanguageModel(model, tokenizer, name, "Hugging Face Hub", geometry)
+
+
+def load_model(
+    name: str | None = None,
+    *,
+    device: str | None = None,
+    allow_hub: bool | None = None,
+    seed: int = 0,
+    verbose: bool = True,
+) -> LanguageModel:
+    """The model a notebook should use on this runtime.
+
+    On a GPU runtime with Hub access this loads a real small model (``HUB_MODEL``, or
+    ``name``); everywhere else, or when the Hub cannot be reached, it builds the tiny offline
+    model and says why. Asking for the tiny model by name (``TINY_NAME``) always works.
+
+    Args:
+        name: a Hub model id, or ``TINY_NAME``; None picks for the runtime.
+        device: "cuda" or "cpu"; None = the GPU when there is one.
+        allow_hub: try the Hub at all; None = only on a GPU runtime.
+        seed: seed of the tiny model's weights.
+        verbose: print what was loaded and why.
+    """
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if allow_hub is None:
+        allow_hub = device.startswith("cuda") or (name not in (None, TINY_NAME))
+    reason = None
+    if name == TINY_NAME:
+        reason = "asked for by name"
+    elif not allow_hub:
+        reason = "CPU runtime: the real model would take minutes per measurement here"
+    elif blocked := _hub_disabled():
+        reason = f"the Hub is switched off ({blocked})"
+    else:
+        hub_name = name or HUB_MODEL
+        start = time.perf_counter()
+        try:
+            lm = load_hub_model(hub_name, device)
+        except Exception as err:  # no network, no such model, gated model, out of memory ...
+            first_line = (str(err).strip().splitlines() or [""])[0][:160]
+            reason = f"could not load {hub_name} from the Hub ({type(err).__name__}: {first_line})"
+        else:
+            if verbose:
+                print(f"Loaded {lm.describe()} in {time.perf_counter() - start:.1f} s")
+            return lm
+    lm = build_tiny_model(seed, device=device)
+    if verbose:
+        print(f"Using the tiny offline model: {reason}.\n{lm.describe()}")
+    return lm
+
+
+if __name__ == "__main__":  # maintainers: retrain the shipped tokenizer
+    import glob
+    import sysconfig
+
+    sources = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[:80]
+    trained = train_tokenizer(sources)
+    TOKENIZER_FILE.parent.mkdir(exist_ok=True)
+    trained.save(str(TOKENIZER_FILE))
+    print(f"wrote {TOKENIZER_FILE} ({trained.get_vocab_size()} tokens, trained on {len(sources)} files)")

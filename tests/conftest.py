@@ -1,0 +1,41 @@
+"""Test-suite settings: quick mode for notebooks, a headless matplotlib, tools on PATH, and a
+report of how long each notebook took to execute."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+# Before anything imports course, torch or matplotlib: kernels started by nbval and nbgrader
+# inherit this environment.
+os.environ["COURSE_QUICK"] = "1"
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the machines have no model hub; never wait for one
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_notebook_seconds: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_setup(item):
+    item._course_started = time.perf_counter()
+
+
+def pytest_runtest_teardown(item):
+    started = getattr(item, "_course_started", None)
+    if started is not None and item.fspath.ext == ".ipynb":
+        _notebook_seconds[os.path.relpath(str(item.fspath), ROOT)] += time.perf_counter() - started
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _notebook_seconds:
+        return
+    terminalreporter.section("notebook execution times (quick mode, COURSE_QUICK=1)")
+    for path, seconds in sorted(_notebook_seconds.items()):
+        terminalreporter.write_line(f"{seconds:7.1f} s  {path}")

@@ -1,0 +1,107 @@
+"""The grading contract, proven through nbgrader itself for every module.
+
+For each assignment one autograde run grades: the blank student notebook (must score 0 on
+every autograded cell), the solutions (full marks), and every answer fixture in
+tests/fixtures/answers/<assignment>/ (plausible wrong answers score strictly between 0 and
+full on the exercises they touch; answers that call the course's reference score 0; noisy
+correct answers that write to stderr keep full marks).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from autograder import notebooks
+from autograder.config import assignments
+from autograder.grading import autograde
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures" / "answers"
+EXPECT = re.compile(r"^# EXPECT: (.+)$", re.MULTILINE)
+OUTCOMES = {"zero", "partial", "full"}
+
+
+def parse_answer_fixture(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """(grade_id -> answer cell source, exercise -> expected outcome) from a fixture file."""
+    text = path.read_text()
+    expected = {}
+    for line in EXPECT.findall(text):
+        for pair in line.split():
+            exercise, outcome = pair.split("=")
+            assert outcome in OUTCOMES, f"{path.name}: unknown outcome {outcome!r}"
+            expected[exercise] = outcome
+    answers = {}
+    for chunk in re.split(r"(?m)^(?=# EXERCISE: )", text)[1:]:
+        grade_id = notebooks.MARKER.match(chunk.split("\n", 1)[0]).group(2)
+        answers[grade_id] = chunk.strip("\n")
+    assert set(expected) <= set(answers), f"{path.name}: EXPECT names exercises it does not answer"
+    return answers, expected
+
+
+def exercise_scores(cells) -> dict[str, tuple[float, float]]:
+    totals: dict[str, tuple[float, float]] = {}
+    for cell in cells.values():
+        exercise = notebooks.exercise_of(cell.grade_id)
+        score, maximum = totals.get(exercise, (0.0, 0.0))
+        totals[exercise] = (score + cell.score, maximum + cell.max_score)
+    return totals
+
+
+@pytest.fixture(scope="module", params=assignments(ROOT))
+def graded(request, tmp_path_factory):
+    assignment = request.param
+    source_path = next((ROOT / "solutions" / assignment).glob("*.ipynb"))
+    release = notebooks.read(ROOT / "modules" / assignment / source_path.name)
+    solutions = notebooks.answer_sources(notebooks.read(source_path))
+    fixtures = {path.stem: parse_answer_fixture(path) for path in sorted((FIXTURES / assignment).glob("*.py"))}
+    submissions = {"blank": release, "solution": notebooks.with_answers(release, solutions)}
+    for name, (answers, _) in fixtures.items():
+        submissions[name] = notebooks.with_answers(release, {**solutions, **answers})
+    run = autograde(
+        assignment,
+        {student: {source_path.name: nb} for student, nb in submissions.items()},
+        workdir=tmp_path_factory.mktemp(assignment),
+    )
+    points = notebooks.test_points(notebooks.read(source_path))
+    return assignment, run, points, fixtures
+
+
+def test_every_submission_was_graded(graded):
+    assignment, run, points, _ = graded
+    for student, cells in run.scores.items():
+        assert set(cells) == set(points), (
+            f"{assignment}/{student}: nbgrader did not grade every cell\n{run.log[-3000:]}"
+        )
+
+
+def test_blank_notebook_scores_zero_on_every_cell(graded):
+    _, run, _, _ = graded
+    scored = {grade_id: cell.score for grade_id, cell in run.scores["blank"].items() if cell.score != 0}
+    assert not scored, f"the blank notebook scored points on {scored}"
+
+
+def test_solution_scores_full_marks(graded):
+    _, run, points, _ = graded
+    lost = {g: (c.score, c.max_score) for g, c in run.scores["solution"].items() if c.score != c.max_score}
+    assert not lost, f"the solutions lost points on {lost}"
+    assert run.total("solution") == (sum(points.values()), sum(points.values()))
+
+
+def test_fixtures_score_as_expected(graded):
+    assignment, run, _, fixtures = graded
+    for name, (_, expected) in fixtures.items():
+        scores = exercise_scores(run.scores[name])
+        for exercise, (score, maximum) in scores.items():
+            outcome = expected.get(exercise, "full")  # exercises a fixture leaves alone keep the solution
+            ok = {"zero": score == 0, "full": score == maximum, "partial": 0 < score < maximum}[outcome]
+            assert ok, f"{assignment}/{name}: {exercise} scored {score}/{maximum}, expected {outcome}"
+
+
+def test_every_exercise_has_a_plausible_wrong_answer_in_between(graded):
+    assignment, _, points, fixtures = graded
+    exercises = {notebooks.exercise_of(grade_id) for grade_id in points}
+    covered = {ex for _, expected in fixtures.values() for ex, outcome in expected.items() if outcome == "partial"}
+    assert exercises <= covered, f"{assignment}: no partial-credit fixture for {sorted(exercises - covered)}"

@@ -1,0 +1,84 @@
+"""Hardware specs, model geometry and the roofline helpers."""
+
+import json
+
+import pytest
+
+from course import geometry, hardware, roofline
+
+
+def test_every_gpu_has_a_source_and_a_sane_ridge_point():
+    for spec in hardware.GPUS.values():
+        assert spec.source.startswith("NVIDIA") and "https://www.nvidia.com/" in spec.source
+        assert 100 < spec.ridge_point < 500, spec  # dense bf16/fp16 ridges of datacenter GPUs
+    assert hardware.gpu("h100-sxm").ridge_point == pytest.approx(989e12 / 3.35e12)
+
+
+def test_unknown_gpu_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown GPU 'H300'.*H100-SXM"):
+        hardware.gpu("H300")
+
+
+def test_measured_runtime_spec_is_plausible():
+    spec = hardware.measure_runtime("cpu", quick=True)
+    assert spec.flops > 1e8 and spec.bandwidth > 1e8 and spec.memory_bytes > 1e9
+    assert spec.source.startswith("measured on this runtime")
+
+
+def test_geometry_reads_mha_gqa_and_explicit_head_dim(tmp_path):
+    mha = geometry.from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096})
+    assert (mha.num_kv_heads, mha.head_dim, mha.attention) == (32, 128, "MHA")
+    gqa = geometry.from_hf_config(
+        {
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "hidden_size": 1024,
+            "head_dim": 128,
+        }
+    )
+    assert (gqa.head_dim, gqa.attention) == (128, "GQA")  # explicit head_dim, not 1024 // 16
+    (tmp_path / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 64})
+    )
+    assert geometry.from_hf_config(tmp_path).attention == "MQA"
+
+
+def test_geometry_errors_name_the_field():
+    with pytest.raises(ValueError, match="'num_attention_heads'"):
+        geometry.from_hf_config({"num_hidden_layers": 2, "hidden_size": 64})
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        geometry.ModelGeometry("x", 2, num_query_heads=6, num_kv_heads=4, head_dim=8, hidden_size=48)
+    with pytest.raises(ValueError, match="num_layers must be a positive integer"):
+        geometry.ModelGeometry("x", 0, 4, 4, 8, 32)
+
+
+def test_seed_kv_numbers_and_their_gqa_counterpart():
+    gib = 2**30
+    per_token = geometry.LLAMA2_7B.kv_bytes_per_token(2)
+    assert per_token == 2**19  # 0.5 MiB
+    assert per_token * 4096 == 2 * gib
+    assert per_token * 131072 == 64 * gib
+    assert per_token * 131072 * 8 == 512 * gib
+    assert geometry.LLAMA3_8B.kv_bytes_per_token(2) * 131072 == 16 * gib
+
+
+def test_linear_layer_intensity_and_bounds():
+    flops, moved = roofline.linear_layer_flops_bytes(1, 4096, 4096, 2)
+    assert roofline.arithmetic_intensity(flops, moved) == pytest.approx(1.0, rel=1e-3)
+    h100 = hardware.gpu("H100-SXM")
+    assert roofline.bound(1.0, h100) == "memory" and roofline.bound(1000.0, h100) == "compute"
+    assert roofline.roofline_seconds(1.0, h100.bandwidth, h100) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        roofline.arithmetic_intensity(1.0, 0)
+
+
+def test_decode_batches_for_free_at_short_context_but_not_at_long():
+    h100, llama = hardware.gpu("H100-SXM"), geometry.LLAMA3_8B
+
+    def step(batch, context):
+        return roofline.roofline_seconds(*roofline.decode_step_flops_bytes(llama, batch, context), h100)
+
+    assert step(32, 1024) / step(1, 1024) < 1.5
+    assert step(32, 32768) / step(1, 32768) > 5
+    assert roofline.bound(roofline.arithmetic_intensity(*roofline.prefill_flops_bytes(llama, 4096)), h100) == "compute"

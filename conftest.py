@@ -1,5 +1,5 @@
-"""Test-suite settings: quick mode for notebooks, a headless matplotlib, tools on PATH, and a
-report of how long each notebook took to execute."""
+"""Test-suite settings for tests/ and the notebooks in solutions/: quick mode for notebooks, a
+headless matplotlib, no model hub, tools on PATH, and a report of each notebook's execution time."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parent
 
 _notebook_seconds: dict[str, float] = defaultdict(float)
 

@@ -105,7 +105,8 @@ LLAMA2_7B = ModelGeometry(
     head_dim=128,
     hidden_size=4096,
     num_params=6_738_415_616,
-    source="https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json (no num_key_value_heads: MHA)",
+    source="https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json (no num_key_value_heads: MHA); "
+    "6.74B parameters per its model card",
 )
 LLAMA3_8B = ModelGeometry(
     "Llama-3-8B",
@@ -115,5 +116,6 @@ LLAMA3_8B = ModelGeometry(
     head_dim=128,
     hidden_size=4096,
     num_params=8_030_261_248,
-    source="https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json (num_key_value_heads 8: GQA)",
+    source="https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json (num_key_value_heads 8: GQA); "
+    "8.03B parameters per its model card",
 )

@@ -184,3 +184,66 @@ def naive_latency_per_token(traces: Sequence[RequestTrace]) -> float:
     if tokens == 0:
         raise ValueError("no successful request produced tokens; the average is undefined")
     return sum(e2e(t) for t in ok) / tokens
+
+
+# --- goodput -----------------------------------------------------------------------------------
+
+GOODPUT_METRICS = ("ttft", "tpot", "e2e")
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """Requests that met every latency SLO, as DistServe and vLLM's ``--goodput`` count them.
+
+    ``rate`` is good requests per second of the run (vLLM's ``request_goodput``); ``attainment`` is
+    the fraction of all requests that were good (failed requests count as missing their SLOs).
+    """
+
+    good: int
+    total: int
+    duration: float
+    slos: dict[str, float]
+
+    @property
+    def rate(self) -> float:
+        """Good requests per second."""
+        return self.good / self.duration if self.duration > 0 else 0.0
+
+    @property
+    def attainment(self) -> float:
+        """Fraction of requests that met every SLO (0..1)."""
+        return self.good / self.total if self.total else 0.0
+
+
+def goodput(
+    traces: Sequence[RequestTrace],
+    *,
+    ttft_slo: float | None = None,
+    tpot_slo: float | None = None,
+    e2e_slo: float | None = None,
+    duration: float | None = None,
+) -> Goodput:
+    """Goodput under latency SLOs given in seconds (any of TTFT, TPOT, E2E; at least one).
+
+    Definitions: DistServe (arXiv 2401.09670) counts completed requests per second that meet both
+    the TTFT and the TPOT SLO; vLLM's benchmark (``vllm/benchmarks/serve.py``, ``--goodput
+    ttft:<ms> tpot:<ms> e2el:<ms>``) calls a request good when every given metric is <= its SLO,
+    treats TPOT as 0 for outputs of one token, and divides the good count by the run's duration.
+    ``duration`` defaults to :func:`summarize`'s (first send to last chunk of the successful requests).
+    """
+    given = (("ttft", ttft_slo), ("tpot", tpot_slo), ("e2e", e2e_slo))
+    slos = {name: value for name, value in given if value is not None}
+    if not slos:
+        raise ValueError("goodput needs at least one SLO: pass ttft_slo=, tpot_slo= or e2e_slo= in seconds")
+    for name, value in slos.items():
+        if value <= 0:
+            raise ValueError(f"the {name} SLO must be positive (seconds), got {value}")
+    ok = [t for t in traces if t.succeeded]
+    good = 0
+    for trace in ok:
+        measured = {"ttft": ttft(trace), "e2e": e2e(trace), "tpot": tpot(trace) or 0.0}
+        if all(measured[name] <= limit for name, limit in slos.items()):
+            good += 1
+    if duration is None:
+        duration = max(t.chunk_times[-1] for t in ok) - min(t.send_time for t in ok) if ok else 0.0
+    return Goodput(good=good, total=len(traces), duration=duration, slos=slos)

@@ -54,7 +54,9 @@ GPUS: dict[str, HardwareSpec] = {
             320 * GB,
             65 * TFLOPS,
             "NVIDIA T4 datasheet (65 TFLOPS mixed-precision FP16; no bf16 tensor cores), "
-            "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf",
+            "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"
+            "; cross-checked: 16 GB GDDR6, 320 GB/s, 65.13 TFLOPS FP16 at "
+            "https://sysrqmts.com/it/gpus/compare/nvidia-tesla-t10-processor-vs-nvidia-tesla-t4",
         ),
         HardwareSpec(
             "L4",
@@ -62,17 +64,43 @@ GPUS: dict[str, HardwareSpec] = {
             300 * GB,
             121 * TFLOPS,
             "NVIDIA L4 product page (242 TFLOPS FP16/BF16 with sparsity, so 121 dense), "
-            "https://www.nvidia.com/en-us/data-center/l4/",
+            "https://www.nvidia.com/en-us/data-center/l4/; cross-checked: 24 GB GDDR6 at 300 GB/s and 242 TFLOPS "
+            "FP16 with sparsity at https://grokipedia.com/page/NVIDIA_L4_vs_L40S",
         ),
-        HardwareSpec("A100-40GB", 40 * GB, 1555 * GB, 312 * TFLOPS, _A100_DATASHEET + " (SXM, HBM2)"),
-        HardwareSpec("A100-80GB", 80 * GB, 2039 * GB, 312 * TFLOPS, _A100_DATASHEET + " (SXM, HBM2e)"),
+        HardwareSpec(
+            "A10G",
+            24 * GB,
+            600 * GB,
+            70 * TFLOPS,
+            "NVIDIA A10G, the AWS G5 variant of the A10 (https://www.nvidia.com/en-us/data-center/products/a10-gpu/); "
+            "NVIDIA publishes no A10G datasheet. 24 GB GDDR6 at 600 GB/s per "
+            "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/ ; the 70 TFLOPS dense FP16 "
+            "tensor figure is UNVERIFIED (secondary reports; the A10 itself is rated 125)",
+        ),
+        HardwareSpec(
+            "A100-40GB",
+            40 * GB,
+            1555 * GB,
+            312 * TFLOPS,
+            _A100_DATASHEET + " (SXM, HBM2); cross-checked: 1,555 GB/s at "
+            "https://datacrunch.io/en/blog/nvidia-a100-gpu-specs-price-and-alternatives",
+        ),
+        HardwareSpec(
+            "A100-80GB",
+            80 * GB,
+            2039 * GB,
+            312 * TFLOPS,
+            _A100_DATASHEET + " (SXM, HBM2e); cross-checked: 80 GB at 2.0 TB/s, 624 TFLOPS BF16 with sparsity at "
+            "https://www.yobitel.com/knowledge-base/nvidia-a100",
+        ),
         HardwareSpec(
             "H100-SXM",
             80 * GB,
             3.35 * TB,
             989 * TFLOPS,
             "NVIDIA H100 product page (1,979 TFLOPS BF16 with sparsity, so 989 dense), "
-            "https://www.nvidia.com/en-us/data-center/h100/",
+            "https://www.nvidia.com/en-us/data-center/h100/; cross-checked: 989.4 dense / 1,978.9 sparse BF16 and "
+            "3.35 TB/s at https://glennklockwood.com/garden/processors/h100",
         ),
         HardwareSpec(
             "H200-SXM",
@@ -80,16 +108,21 @@ GPUS: dict[str, HardwareSpec] = {
             4.8 * TB,
             989 * TFLOPS,
             "NVIDIA H200 product page (same compute as H100 SXM, HBM3e), "
-            "https://www.nvidia.com/en-us/data-center/h200/",
+            "https://www.nvidia.com/en-us/data-center/h200/; cross-checked: 141 GB, 4.8 TB/s, ~989 TFLOPS dense "
+            "BF16 at https://itkb.uw.cz/2026/06/nvidia-h200-vs-b300-precisions-cores.html",
         ),
     ]
 }
 
+# Other names people use for the catalogue GPUs.
+ALIASES = {"H100": "H100-SXM", "H200": "H200-SXM", "A100-80G": "A100-80GB", "A100-40G": "A100-40GB"}
+
 
 def gpu(name: str) -> HardwareSpec:
-    """Look up a catalogue GPU by name (case-insensitive)."""
+    """Look up a catalogue GPU by name (case-insensitive; "H100" means the SXM part)."""
+    wanted = ALIASES.get(name.upper(), name)
     for key, spec in GPUS.items():
-        if key.lower() == name.lower():
+        if key.lower() == wanted.lower():
             return spec
     raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}")
 

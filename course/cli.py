@@ -3,6 +3,7 @@
 course info                      what this runtime is (Python, torch, device)
 course tiny-model DIR            write the tiny offline model for `transformers serve` & co.
 course summarize TRACES.json     TTFT / ITL / TPOT / E2E percentiles of a trace file
+course kv MODEL --gpu H100-SXM   KV-cache size and vLLM's memory budget (course kv --list)
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ def _summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kv(args: argparse.Namespace) -> int:
+    from course.kv import run_cli
+
+    return run_cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="course", description="Tools of the LLM inference serving course.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -81,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     summ.add_argument("--percentiles", type=float, nargs="+", default=[50, 95, 99], metavar="Q")
     summ.add_argument("--json", action="store_true", help="print JSON instead of a table")
     summ.set_defaults(run=_summarize)
+
+    kv = commands.add_parser("kv", help="KV-cache bytes and vLLM's memory budget of a model on a GPU")
+    from course.kv import add_cli_arguments
+
+    add_cli_arguments(kv)
+    kv.set_defaults(run=_kv)
     return parser
 
 

@@ -3,6 +3,7 @@
 course info                      what this runtime is (Python, torch, device)
 course tiny-model DIR            write the tiny offline model for `transformers serve` & co.
 course summarize TRACES.json     TTFT / ITL / TPOT / E2E percentiles of a trace file
+course simulate [--config FILE]  simulate a batching scheduler on a workload (course simulate -h)
 course kv MODEL --gpu H100-SXM   KV-cache size and vLLM's memory budget (course kv --list)
 """
 
@@ -71,6 +72,12 @@ def _kv(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from course.sim.cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="course", description="Tools of the LLM inference serving course.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -94,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cli_arguments(kv)
     kv.set_defaults(run=_kv)
+
+    sim = commands.add_parser("simulate", help="simulate a batching scheduler (static, continuous, prefill-first)")
+    from course.sim.cli import add_arguments as add_simulate_arguments
+
+    add_simulate_arguments(sim)
+    sim.set_defaults(run=_simulate)
     return parser
 
 

@@ -30,6 +30,9 @@ class RequestSpec:
     arrival_time: float  # s from the start of the run
     prompt_tokens: int
     output_tokens: int  # tokens to generate (max_tokens, with ignore_eos on a real server)
+    # What the prompt holds, as named spans (name, tokens) in order: spans with the same name hold the
+    # same tokens (a shared system prompt), so prefix caching can reuse them. Empty: all unique.
+    prompt_segments: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.arrival_time < 0:
@@ -38,6 +41,11 @@ class RequestSpec:
             raise ValueError(
                 f"request {self.request_id}: prompt_tokens and output_tokens must be >= 1, "
                 f"got {self.prompt_tokens} and {self.output_tokens}"
+            )
+        if self.prompt_segments and sum(length for _, length in self.prompt_segments) != self.prompt_tokens:
+            raise ValueError(
+                f"request {self.request_id}: prompt_segments add up to "
+                f"{sum(length for _, length in self.prompt_segments)} tokens, but prompt_tokens is {self.prompt_tokens}"
             )
 
 

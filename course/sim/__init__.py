@@ -1,0 +1,48 @@
+"""A discrete-event simulator of an LLM serving engine's scheduler (module 3).
+
+Quick start::
+
+    from course import workload, geometry, hardware
+    from course.sim import SimConfig, RooflineCost, simulate
+
+    requests = workload.poisson(rate=20, n=2000, prompt_tokens=workload.lognormal(512, 0.8), output_tokens=200)
+    cost = RooflineCost(geometry.LLAMA3_8B, hardware.gpu("H100-SXM"))
+    result = simulate(requests, SimConfig(scheduler="continuous", num_blocks=20000), cost)
+    print(result.table(ttft_slo=0.5, tpot_slo=0.05))
+
+Pieces: :class:`BlockManager` (paged KV blocks, prefix caching), the policies in
+:mod:`course.sim.steps` (vLLM V1 continuous batching, V0 prefill-first, static batching) and the
+readable loop in :mod:`course.sim.harness`; :func:`simulate`, the fast engine; the cost models
+:class:`RooflineCost` and :class:`LinearCost`; :class:`SimResult` with traces, goodput and KV usage;
+plots in :mod:`course.sim.plots`; ``course simulate`` on the command line.
+"""
+
+from course.sim.blocks import BlockManager, cdiv, prompt_block_hashes
+from course.sim.config import SCHEDULERS, SimConfig, kv_blocks
+from course.sim.cost import ROOFLINE_EFFICIENCY, LinearCost, RooflineCost, StepSample, samples_from_timings
+from course.sim.engine import simulate
+from course.sim.harness import SimRequest
+from course.sim.results import RequestRecord, SimResult, StepLog
+from course.sim.workloads import cap_output, scale_prompts, with_system_prompt
+
+__all__ = [
+    "ROOFLINE_EFFICIENCY",
+    "SCHEDULERS",
+    "BlockManager",
+    "LinearCost",
+    "RequestRecord",
+    "RooflineCost",
+    "SimConfig",
+    "SimRequest",
+    "SimResult",
+    "StepLog",
+    "StepSample",
+    "cap_output",
+    "cdiv",
+    "kv_blocks",
+    "prompt_block_hashes",
+    "samples_from_timings",
+    "scale_prompts",
+    "simulate",
+    "with_system_prompt",
+]

@@ -1,0 +1,229 @@
+"""``course simulate``: run the scheduler simulator from flags or a config file.
+
+Examples::
+
+    course simulate --requests 2000 --rate 20 --prompt-tokens lognormal:512:0.8 --output-tokens 200 \\
+        --gpu H100-SXM --model llama-3-8b --num-blocks 20000 --slo-ttft-ms 500 --slo-tpot-ms 50
+    course simulate --trace run.json --cost linear --linear 0.004,2e-5,3e-4,1e-7 --json
+    course simulate --config experiment.toml --scheduler static
+
+A config file (TOML or JSON) holds the same settings as the flags, with underscores: scheduler
+settings at the top level (``scheduler``, ``max_num_seqs``, ``num_blocks``, ...) and the tables
+``[workload]``, ``[cost]`` and ``[slo]``; flags given on the command line win over the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from course import geometry, hardware, workload
+from course.sim.config import SCHEDULERS, SimConfig, kv_blocks, read_config_file
+
+MODELS = {"llama-3-8b": geometry.LLAMA3_8B, "llama-2-7b": geometry.LLAMA2_7B}
+DEFAULTS = {
+    "workload": {"requests": 1000, "rate": 10.0, "burstiness": 1.0, "prompt_tokens": "lognormal:512:0.8:8192",
+                 "output_tokens": "uniform:100:300", "seed": 0, "trace": None, "system_prompt_tokens": 0,
+                 "front_tokens": 0, "max_tokens": None},
+    "cost": {"kind": "roofline", "gpu": "H100-SXM", "model": "llama-3-8b", "num_params": None,
+             "flops_efficiency": None, "bandwidth_efficiency": None, "step_overhead_ms": 0.0, "linear": None},
+    "slo": {"ttft_ms": None, "tpot_ms": None},
+}  # fmt: skip
+SCHEDULER_FLAGS = (
+    "scheduler",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "chunked_prefill",
+    "long_prefill_token_threshold",
+    "block_size",
+    "num_blocks",
+    "enable_prefix_caching",
+    "watermark",
+    "max_model_len",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``course simulate`` (every default None, so the config file can fill them)."""
+    parser.add_argument("--config", help="TOML or JSON file with the settings (flags override it)")
+    w = parser.add_argument_group("workload (generated, or replayed from a course bench trace file)")
+    w.add_argument("--trace", help="replay the arrivals and token counts of a trace JSON file from course bench")
+    w.add_argument("--requests", type=int, help="number of generated requests (default 1000)")
+    w.add_argument("--rate", type=float, help="arrivals per second; 0 = all at t=0 (default 10)")
+    w.add_argument("--burstiness", type=float, help="gamma shape of the gaps: 1 Poisson, <1 burstier (default 1)")
+    w.add_argument(
+        "--prompt-tokens", help="N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA[:MAX] (default lognormal:512:0.8:8192)"
+    )
+    w.add_argument("--output-tokens", help="same forms as --prompt-tokens (default uniform:100:300)")
+    w.add_argument("--system-prompt-tokens", type=int, help="the same system prompt of N tokens before every prompt")
+    w.add_argument("--front-tokens", type=int, help="N unique tokens (a timestamp) before the system prompt")
+    w.add_argument("--max-tokens", type=int, help="cap every output at N tokens")
+    w.add_argument("--seed", type=int, help="seed of the generated workload (default 0)")
+    s = parser.add_argument_group("scheduler (vLLM's names and defaults)")
+    s.add_argument("--scheduler", choices=SCHEDULERS, help="continuous (vLLM V1), prefill-first (V0) or static")
+    s.add_argument("--max-num-seqs", type=int, help="most running requests (static: batch size; default 256)")
+    s.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (default 2048 with chunking)")
+    s.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_const", const=False, default=None)
+    s.add_argument("--long-prefill-token-threshold", type=int, help="most tokens per request per step (0 = off)")
+    s.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
+    s.add_argument("--num-blocks", type=int, help="KV blocks in the cache (default 16384)")
+    s.add_argument("--kv-gib", type=float, help="size the cache from a KV budget in GiB instead of --num-blocks")
+    s.add_argument("--prefix-caching", dest="enable_prefix_caching", action="store_const", const=True, default=None)
+    s.add_argument("--watermark", type=float, help="fraction of blocks prefill-first keeps free (V0: 0.01)")
+    s.add_argument("--max-model-len", type=int, help="reject requests whose prompt + output exceed this")
+    c = parser.add_argument_group("cost model")
+    c.add_argument("--cost", dest="kind", choices=("roofline", "linear"), help="step-time model (default roofline)")
+    c.add_argument("--gpu", help=f"roofline GPU: {', '.join(hardware.GPUS)} (default H100-SXM)")
+    c.add_argument("--model", help=f"roofline model: {', '.join(MODELS)} or a config.json path (with --num-params)")
+    c.add_argument("--num-params", type=float, help="parameter count of a --model config.json")
+    c.add_argument("--flops-efficiency", type=float, help="share of peak FLOP/s reached (default 0.75)")
+    c.add_argument("--bandwidth-efficiency", type=float, help="share of peak bandwidth reached (default 0.77)")
+    c.add_argument("--step-overhead-ms", type=float, help="fixed ms per step added to the roofline")
+    c.add_argument("--linear", help="linear model A,B,C,D in seconds: A + B*prefill + C*decode + D*KV tokens read")
+    o = parser.add_argument_group("SLOs and output")
+    o.add_argument("--slo-ttft-ms", dest="ttft_ms", type=float, help="TTFT SLO for goodput (ms)")
+    o.add_argument("--slo-tpot-ms", dest="tpot_ms", type=float, help="TPOT SLO for goodput (ms)")
+    o.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    o.add_argument("--save-traces", help="write the simulated requests as a trace file (for course summarize)")
+
+
+def _lengths(text: str | int, what: str) -> workload.LengthSampler:
+    """Parse ``N``, ``uniform:LOW:HIGH`` or ``lognormal:MEDIAN:SIGMA[:MAX]``."""
+    if isinstance(text, int):
+        return workload.fixed(text)
+    parts = str(text).split(":")
+    try:
+        if len(parts) == 1:
+            return workload.fixed(int(parts[0]))
+        if parts[0] == "uniform" and len(parts) == 3:
+            return workload.uniform(int(parts[1]), int(parts[2]))
+        if parts[0] == "lognormal" and len(parts) in (3, 4):
+            high = int(parts[3]) if len(parts) == 4 else None
+            return workload.lognormal(float(parts[1]), float(parts[2]), high=high)
+    except ValueError as err:
+        raise ValueError(f"{what} {text!r}: {err}") from None
+    raise ValueError(f"{what} {text!r}: use N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA[:MAX]")
+
+
+def settings_from(args: argparse.Namespace) -> dict:
+    """Defaults, then the config file, then the flags given on the command line."""
+    settings = {key: dict(value) for key, value in DEFAULTS.items()}
+    settings["scheduler"] = {}
+    if args.config:
+        data = read_config_file(args.config)
+        for section in ("workload", "cost", "slo"):
+            given = data.pop(section, {})
+            unknown = set(given) - set(DEFAULTS[section])
+            if unknown:
+                raise ValueError(f"{args.config}: unknown [{section}] settings {sorted(unknown)}")
+            settings[section].update(given)
+        for key in ("kv_gib",):
+            if key in data:
+                settings["scheduler"][key] = data.pop(key)
+        settings["scheduler"].update(data)
+    flags = vars(args)
+    for section in ("workload", "cost", "slo"):
+        for key in DEFAULTS[section]:
+            if flags.get(key) is not None:
+                settings[section][key] = flags[key]
+    for key in (*SCHEDULER_FLAGS, "kv_gib"):
+        if flags.get(key) is not None:
+            settings["scheduler"][key] = flags[key]
+    return settings
+
+
+def build(settings: dict):
+    """(workload, SimConfig, cost model, SLOs in seconds) from merged settings."""
+    from course.sim.cost import LinearCost, RooflineCost
+    from course.sim.workloads import cap_output, with_system_prompt
+
+    w = settings["workload"]
+    if w["trace"]:
+        from course.trace import load_traces
+
+        requests = workload.from_traces(load_traces(w["trace"]), name=f"replay of {Path(w['trace']).name}")
+    elif w["rate"] and w["rate"] > 0:
+        requests = workload.bursty(
+            w["rate"],
+            w["requests"],
+            _lengths(w["prompt_tokens"], "prompt tokens"),
+            _lengths(w["output_tokens"], "output tokens"),
+            burstiness=w["burstiness"],
+            seed=w["seed"],
+        )
+    else:
+        requests = workload.all_at_once(
+            w["requests"],
+            _lengths(w["prompt_tokens"], "prompt tokens"),
+            _lengths(w["output_tokens"], "output tokens"),
+            seed=w["seed"],
+        )
+    if w["system_prompt_tokens"] or w["front_tokens"]:
+        requests = with_system_prompt(requests, w["system_prompt_tokens"], front_tokens=w["front_tokens"])
+    if w["max_tokens"]:
+        requests = cap_output(requests, w["max_tokens"])
+
+    c = settings["cost"]
+    model = None
+    if c["kind"] == "linear":
+        if not c["linear"]:
+            raise ValueError(
+                "--cost linear needs --linear A,B,C,D (seconds per step, prefill token, decode token, KV token)"
+            )
+        values = c["linear"] if isinstance(c["linear"], list) else str(c["linear"]).split(",")
+        if len(values) != 4:
+            raise ValueError(f"--linear needs four numbers A,B,C,D; got {c['linear']!r}")
+        cost = LinearCost(*(float(v) for v in values))
+    else:
+        model = _model(c["model"], c["num_params"])
+        efficiency = {key: c[key] for key in ("flops_efficiency", "bandwidth_efficiency") if c[key] is not None}
+        cost = RooflineCost(
+            model, hardware.gpu(c["gpu"]), step_overhead=(c["step_overhead_ms"] or 0.0) / 1e3, **efficiency
+        )
+
+    scheduler = dict(settings["scheduler"])
+    kv_gib = scheduler.pop("kv_gib", None)
+    if kv_gib is not None:
+        model = model or _model(c["model"], c["num_params"])
+        scheduler["num_blocks"] = kv_blocks(kv_gib * 2**30, model, scheduler.get("block_size", 16))
+    config = SimConfig.from_dict(scheduler)
+    slo = settings["slo"]
+    slos = {
+        "ttft_slo": slo["ttft_ms"] / 1e3 if slo["ttft_ms"] else None,
+        "tpot_slo": slo["tpot_ms"] / 1e3 if slo["tpot_ms"] else None,
+    }
+    return requests, config, cost, slos
+
+
+def _model(name: str, num_params: float | None) -> geometry.ModelGeometry:
+    if name.lower() in MODELS:
+        return MODELS[name.lower()]
+    path = Path(name)
+    if path.exists():
+        if not num_params:
+            raise ValueError(f"--model {name}: a config.json has no parameter count; give --num-params")
+        return geometry.from_hf_config(path, num_params=int(num_params))
+    raise ValueError(f"unknown model {name!r}: use {', '.join(MODELS)} or the path of a config.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``course simulate``."""
+    from course.sim.engine import simulate
+
+    requests, config, cost, slos = build(settings_from(args))
+    if not len(requests):
+        raise ValueError("the workload has no requests")
+    result = simulate(requests, config, cost, name=f"{config.scheduler}: {requests.name}")
+    if args.save_traces:
+        from course.trace import save_traces
+
+        save_traces(args.save_traces, result.traces, simulator=config.to_dict(), workload=requests.name)
+    if args.json:
+        print(json.dumps(result.to_dict(**slos), indent=1))
+    else:
+        print(f"{requests.name}: {len(requests)} requests")
+        print(f"{config.describe()}; {result.config['cost']}")
+        print(result.table(**slos))
+        print(f"simulated {result.busy_seconds:.2f} s of engine time in {result.wall_seconds:.2f} s")
+    return 0

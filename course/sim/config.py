@@ -1,0 +1,145 @@
+"""Scheduler settings, named as vLLM names them, with vLLM's defaults where it has one.
+
+Defaults (vLLM 0.11, ``engine/arg_utils.py`` and ``config/scheduler.py``; the course's
+serving reference summarises them): ``block_size`` 16 on CUDA; the OpenAI API server's
+``max_num_batched_tokens`` is 2048 with chunked prefill on non-H100-class GPUs (8192 on
+H100/H200) and ``max_num_seqs`` 256 (1024 on H100/H200); with chunked prefill off the budget is
+``max_model_len``; V0's default scheduler used ``max(max_model_len, 2048)`` and a free-block
+watermark of 1 % of the blocks. ``num_blocks`` depends on the GPU, the model and
+``gpu_memory_utilization`` (module 4 computes it); :func:`kv_blocks` gives it from a KV budget.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from course.geometry import ModelGeometry
+
+SCHEDULERS = ("continuous", "prefill-first", "static")
+UNLIMITED = 2**62  # a token budget that never binds
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the simulated engine schedules.
+
+    Attributes:
+        scheduler: "continuous" (vLLM V1: one token budget per step, prefill and decode mixed),
+            "prefill-first" (vLLM V0's default: a step is all prefill or all decode), or "static"
+            (padded batches run to completion, the pre-Orca baseline).
+        max_num_seqs: most requests running at once (static: the batch size).
+        max_num_batched_tokens: the token budget of one step; None = vLLM's default for the
+            scheduler (2048 with chunked prefill, else ``max_model_len`` or unlimited).
+        chunked_prefill: cut prompts that do not fit the remaining budget (continuous only).
+        long_prefill_token_threshold: most tokens one request may compute per step (0 = no cap).
+        block_size: tokens per KV block.
+        num_blocks: KV blocks in the cache.
+        enable_prefix_caching: reuse cached full prompt blocks (continuous and prefill-first).
+        watermark: fraction of blocks that prefill-first keeps free when admitting (V0: 0.01).
+        max_model_len: longest prompt + output a request may have; longer ones are rejected.
+    """
+
+    scheduler: str = "continuous"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    block_size: int = 16
+    num_blocks: int = 16384
+    enable_prefix_caching: bool = False
+    watermark: float = 0.0
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}; got {self.scheduler!r}")
+        for name in ("max_num_seqs", "block_size", "num_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 (0 disables it)")
+        if not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark is a fraction of the blocks in [0, 1), got {self.watermark}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+    @property
+    def token_budget(self) -> int:
+        """The step's token budget after vLLM's defaults."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        if self.scheduler == "continuous" and self.chunked_prefill:
+            return 2048
+        if self.scheduler == "prefill-first":
+            return max(self.max_model_len, 2048) if self.max_model_len else UNLIMITED
+        return self.max_model_len or UNLIMITED
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.watermark * self.num_blocks)
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def describe(self) -> str:
+        budget = "unlimited" if self.token_budget >= UNLIMITED else str(self.token_budget)
+        parts = [self.scheduler]
+        if self.scheduler == "static":
+            parts.append(f"batch {self.max_num_seqs}")
+        else:
+            parts.append(f"max_num_seqs {self.max_num_seqs}, budget {budget} tokens/step")
+            if self.scheduler == "continuous":
+                parts.append("chunked prefill" if self.chunked_prefill else "no chunked prefill")
+            if self.enable_prefix_caching:
+                parts.append("prefix caching")
+        parts.append(f"{self.num_blocks} KV blocks of {self.block_size}")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SimConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown scheduler settings {sorted(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+def kv_blocks(kv_bytes: float, geometry: ModelGeometry, block_size: int = 16, bytes_per_value: float = 2.0) -> int:
+    """Blocks that fit in ``kv_bytes`` of KV memory (vLLM: memory // (block bytes x layers)).
+
+    A block holds ``block_size`` tokens of every layer: ``block_size x kv_bytes_per_token`` bytes.
+    """
+    if kv_bytes <= 0:
+        raise ValueError(f"the KV budget must be positive, got {kv_bytes} bytes")
+    per_block = block_size * geometry.kv_bytes_per_token(bytes_per_value)
+    blocks = int(kv_bytes // per_block)
+    if blocks < 1:
+        raise ValueError(f"{kv_bytes:.3g} bytes hold no whole block of {per_block:.3g} bytes")
+    return blocks
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A settings file as a dict: TOML (``.toml``) or JSON (anything else)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ValueError(f"cannot read the config file {path}: {err.strerror}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+        kind = "TOML" if path.suffix == ".toml" else "JSON"
+        raise ValueError(f"{path} is not valid {kind}: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a table/object of settings, got {type(data).__name__}")
+    return data

@@ -1,0 +1,415 @@
+"""The fast simulator: the policies of :mod:`course.sim.steps`, step by step, with counters.
+
+The loop advances the simulated clock one engine step at a time; between busy periods it jumps to
+the next arrival. What makes it fast is what it does *not* keep:
+
+* no object per token: a request is a handful of integers (computed, generated, blocks' capacity),
+  and its output tokens are remembered as runs of consecutive steps ``(first, last)``, turned into
+  times only at the end by indexing the array of step end times;
+* no block-manager call per token: a request asks for blocks only when its next tokens cross its
+  last block's boundary (every ``block_size`` decode steps);
+* static batches are closed-form: one prefill and ``O - 1`` decode steps per batch, each request's
+  tokens one run of steps.
+
+It produces exactly what the readable reference (``course.sim.harness.run`` driving
+``course.sim.steps``) produces: the tests compare the two on random workloads.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from dataclasses import replace
+
+import numpy as np
+
+from course.sim.blocks import BlockManager, cdiv, prompt_block_hashes
+from course.sim.config import SimConfig
+from course.sim.results import RequestRecord, SimResult, StepLog
+from course.workload import RequestSpec, Workload
+
+
+class _Request:
+    """A request's counters inside the engine (see :class:`course.sim.harness.SimRequest`)."""
+
+    __slots__ = (
+        "spec",
+        "rid",
+        "output",
+        "num_tokens",
+        "computed",
+        "generated",
+        "capacity",
+        "hashes",
+        "registered",
+        "runs",
+        "run_start",
+        "last_step",
+        "scheduled_steps",
+        "preempted_steps",
+        "hit_tokens",
+        "queried_tokens",
+        "error",
+    )
+
+    def __init__(self, spec: RequestSpec) -> None:
+        self.spec = spec
+        self.rid = spec.request_id
+        self.output = spec.output_tokens
+        self.num_tokens = spec.prompt_tokens  # prompt + generated
+        self.computed = 0
+        self.generated = 0
+        self.capacity = 0  # tokens its blocks can hold
+        self.hashes: list = []
+        self.registered = 0  # leading prompt blocks registered in the prefix cache
+        self.runs: list[int] = []  # closed runs of token steps, flattened: first, last, first, last, ...
+        self.run_start = -1
+        self.last_step = -2
+        self.scheduled_steps: list[int] = []
+        self.preempted_steps: list[int] = []
+        self.hit_tokens = 0
+        self.queried_tokens = 0
+        self.error: str | None = None
+
+    def token_steps(self) -> np.ndarray:
+        bounds = self.runs + ([self.run_start, self.last_step] if self.run_start >= 0 else [])
+        if not bounds:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.arange(a, b + 1) for a, b in zip(bounds[::2], bounds[1::2])])
+
+
+class _Log:
+    """Per-step columns, appended to as plain lists and turned into a StepLog at the end."""
+
+    def __init__(self) -> None:
+        self.start: list[float] = []
+        self.end: list[float] = []
+        self.prefill: list[int] = []
+        self.decode: list[int] = []
+        self.kv: list[int] = []
+        self.pairs: list[int] = []
+        self.seqs: list[int] = []
+        self.used: list[int] = []
+        self.waiting: list[int] = []
+
+    def add(self, start, end, prefill, decode, kv, pairs, seqs, used, waiting) -> None:
+        self.start.append(start)
+        self.end.append(end)
+        self.prefill.append(prefill)
+        self.decode.append(decode)
+        self.kv.append(kv)
+        self.pairs.append(pairs)
+        self.seqs.append(seqs)
+        self.used.append(used)
+        self.waiting.append(waiting)
+
+    def freeze(self) -> StepLog:
+        return StepLog(
+            start=np.array(self.start, dtype=float),
+            end=np.array(self.end, dtype=float),
+            prefill_tokens=np.array(self.prefill, dtype=np.int64),
+            decode_tokens=np.array(self.decode, dtype=np.int64),
+            kv_tokens_read=np.array(self.kv, dtype=np.int64),
+            attention_pairs=np.array(self.pairs, dtype=float),
+            num_seqs=np.array(self.seqs, dtype=np.int64),
+            used_blocks=np.array(self.used, dtype=np.int64),
+            waiting=np.array(self.waiting, dtype=np.int64),
+        )
+
+
+def simulate(workload: Workload, config: SimConfig | None = None, cost=None, name: str | None = None) -> SimResult:
+    """Simulate serving ``workload`` with ``config``'s scheduler and ``cost``'s step times.
+
+    Args:
+        workload: the requests (``course.workload``: generated, or replayed from ``course bench`` traces).
+        config: scheduler settings (default: vLLM V1 with its API-server defaults and 16384 blocks).
+        cost: a cost model with ``step_seconds(prefill_tokens, decode_tokens, kv_tokens_read,
+            attention_pairs)`` (``course.sim.RooflineCost``, ``course.sim.LinearCost``, ...).
+        name: a label for tables and plots.
+
+    Requests that can never run (their prompt + output needs more KV blocks than exist, exceeds
+    ``max_model_len``, or with chunked prefill off exceeds the token budget) fail with an error
+    instead of blocking the queue forever.
+    """
+    if cost is None:
+        raise ValueError("simulate() needs a cost model, e.g. course.sim.RooflineCost(geometry, gpu)")
+    config = config or SimConfig()
+    requests = [_Request(spec) for spec in sorted(workload, key=lambda spec: spec.arrival_time)]
+    _reject_impossible(requests, config)
+    started = time.perf_counter()
+    if config.scheduler == "static":
+        log = _run_static(requests, config, cost)
+    else:
+        log = _run_iterative(requests, config, cost)
+    steps = log.freeze()
+    wall = time.perf_counter() - started
+    records = [_record(r, steps) for r in requests]
+    label = name or f"{config.scheduler}, {getattr(workload, 'name', 'workload')}"
+    settings = config.to_dict()
+    settings["cost"] = cost.describe() if hasattr(cost, "describe") else repr(cost)
+    return SimResult(label, records, steps, config.num_blocks, config.block_size, settings, wall)
+
+
+def _reject_impossible(requests: list[_Request], config: SimConfig) -> None:
+    budget = config.token_budget
+    static = config.scheduler == "static"
+    for r in requests:
+        spec = r.spec
+        total = spec.prompt_tokens + spec.output_tokens
+        if cdiv(total, config.block_size) > config.num_blocks:
+            r.error = (
+                f"rejected: prompt + output ({total} tokens) need more KV blocks than the cache has "
+                f"({config.num_blocks} x {config.block_size})"
+            )
+        elif config.max_model_len is not None and total > config.max_model_len:
+            r.error = f"rejected: prompt + output ({total} tokens) exceed max_model_len {config.max_model_len}"
+        elif not static and not (config.scheduler == "continuous" and config.chunked_prefill) and total - 1 > budget:
+            r.error = (
+                f"rejected: without chunked prefill a (re)computed prompt of up to {total - 1} tokens must fit "
+                f"the step's budget of {budget} tokens"
+            )
+
+
+def _record(r: _Request, steps: StepLog) -> RequestRecord:
+    return RequestRecord(
+        request_id=r.rid,
+        arrival_time=r.spec.arrival_time,
+        prompt_tokens=r.spec.prompt_tokens,
+        output_tokens=r.spec.output_tokens,
+        token_times=steps.end[r.token_steps()],
+        scheduled=steps.start[r.scheduled_steps].tolist(),
+        preempted=steps.start[r.preempted_steps].tolist(),
+        prefix_hit_tokens=r.hit_tokens,
+        queried_tokens=r.queried_tokens,
+        error=r.error,
+    )
+
+
+def _run_iterative(requests: list[_Request], config: SimConfig, cost) -> _Log:
+    """Continuous batching (vLLM V1) and prefill-first (vLLM V0); see course.sim.steps for the rules."""
+    bs = config.block_size
+    blocks = BlockManager(config.num_blocks, bs, config.enable_prefix_caching)
+    caching = config.enable_prefix_caching
+    if caching:
+        for r in requests:
+            spec = r.spec
+            r.hashes = prompt_block_hashes(spec.request_id, spec.prompt_tokens, bs, spec.prompt_segments)
+    budget_per_step = config.token_budget
+    prefill_first = config.scheduler == "prefill-first"
+    threshold = 0 if prefill_first else config.long_prefill_token_threshold
+    chunked = config.chunked_prefill
+    max_seqs = config.max_num_seqs
+    watermark = config.watermark_blocks
+    step_seconds = cost.step_seconds
+    log = _Log()
+    waiting: deque[_Request] = deque()
+    running: list[_Request] = []
+    now, step, next_arrival, total = 0.0, 0, 0, len(requests)
+
+    def admit(r: _Request, n: int, computed: int, hits: list) -> None:
+        """Move the head of the queue into the batch with ``n`` tokens after ``computed`` cached ones."""
+        waiting.popleft()
+        running.append(r)
+        r.computed = computed
+        r.capacity = cdiv(computed + n, bs) * bs
+        r.registered = len(hits)
+        r.hit_tokens += computed
+        r.queried_tokens += r.num_tokens
+        r.scheduled_steps.append(step)
+        after = computed + n
+        if caching and after // bs > r.registered:  # later admissions in this step can hit these blocks
+            blocks.cache_full_blocks(r.rid, r.hashes, after)
+            r.registered = min(after // bs, len(r.hashes))
+
+    while True:
+        while next_arrival < total and requests[next_arrival].spec.arrival_time <= now:
+            r = requests[next_arrival]
+            next_arrival += 1
+            if r.error is None:
+                waiting.append(r)
+        if not running and not waiting:
+            if next_arrival == total:
+                return log
+            now = max(now, requests[next_arrival].spec.arrival_time)
+            continue
+
+        budget = budget_per_step
+        prefill = decode = kv_read = pairs = seqs = 0
+        finished: list[_Request] = []
+        preempted = False
+        queued = len(waiting)
+        # The batch as (request, tokens) for requests admitted from the queue; running requests are
+        # applied inline below, because that loop is where the simulator spends its time.
+        admitted: list[tuple[_Request, int]] = []
+
+        if prefill_first:  # V0: whole prompts first; decode only when no prompt can start
+            while waiting and len(running) < max_seqs:
+                r = waiting[0]
+                hits = blocks.lookup(r.hashes, (r.num_tokens - 1) // bs) if caching else []
+                computed = len(hits) * bs
+                n = r.num_tokens - computed
+                if n > budget:
+                    break
+                if blocks.num_free_blocks - (cdiv(computed + n, bs) - len(hits)) < watermark:
+                    break
+                if not blocks.allocate(r.rid, computed + n, hits):
+                    break
+                admit(r, n, computed, hits)
+                admitted.append((r, n))
+                budget -= n
+
+        if not admitted:
+            index = 0
+            while index < len(running) and budget > 0:
+                r = running[index]
+                c = r.computed
+                num_tokens = r.num_tokens
+                n = num_tokens - c
+                if 0 < threshold < n:
+                    n = threshold
+                if n > budget:
+                    n = budget
+                after = c + n
+                if after > r.capacity:  # crosses into a new block
+                    victim = None
+                    while not blocks.reserve(r.rid, after):
+                        victim = running.pop()  # preempt the most recently admitted request
+                        blocks.free(victim.rid)
+                        victim.computed = victim.capacity = victim.registered = 0
+                        victim.preempted_steps.append(step)
+                        waiting.appendleft(victim)
+                        preempted = True
+                        if victim is r:
+                            break
+                    if victim is r:
+                        break
+                    r.capacity = cdiv(after, bs) * bs
+                if caching and r.registered < len(r.hashes) and after // bs > r.registered:
+                    blocks.cache_full_blocks(r.rid, r.hashes, after)
+                    r.registered = min(after // bs, len(r.hashes))
+                if n == 1 and r.generated and c == num_tokens - 1:
+                    decode += 1
+                    pairs += c + 1
+                else:
+                    prefill += n
+                    pairs += n * c + n * (n + 1) // 2
+                kv_read += c
+                budget -= n
+                seqs += 1
+                index += 1
+                r.computed = after
+                if after == num_tokens:  # caught up: this step samples the next token
+                    generated = r.generated + 1
+                    r.generated = generated
+                    r.num_tokens = num_tokens + 1
+                    if r.last_step != step - 1:
+                        if r.run_start >= 0:
+                            r.runs.append(r.run_start)
+                            r.runs.append(r.last_step)
+                        r.run_start = step
+                    r.last_step = step
+                    if generated == r.output:
+                        finished.append(r)
+
+            if not preempted and not prefill_first:  # V1 admits only in steps without preemption
+                while waiting and budget > 0 and len(running) < max_seqs:
+                    r = waiting[0]
+                    hits = blocks.lookup(r.hashes, (r.num_tokens - 1) // bs) if caching else []
+                    computed = len(hits) * bs
+                    n = r.num_tokens - computed
+                    if 0 < threshold < n:
+                        n = threshold
+                    if not chunked and n > budget:
+                        break
+                    if n > budget:
+                        n = budget
+                    if not blocks.allocate(r.rid, computed + n, hits):
+                        break  # head-of-line blocking
+                    admit(r, n, computed, hits)
+                    admitted.append((r, n))
+                    budget -= n
+
+        for r, n in admitted:
+            c = r.computed
+            after = c + n
+            if n == 1 and r.generated and c == r.num_tokens - 1:
+                decode += 1
+            else:
+                prefill += n
+            pairs += n * c + n * (n + 1) // 2
+            kv_read += c
+            seqs += 1
+            r.computed = after
+            if after == r.num_tokens:
+                r.generated += 1
+                r.num_tokens += 1
+                if r.last_step != step - 1:
+                    if r.run_start >= 0:
+                        r.runs.append(r.run_start)
+                        r.runs.append(r.last_step)
+                    r.run_start = step
+                r.last_step = step
+                if r.generated == r.output:
+                    finished.append(r)
+
+        if not seqs:
+            raise RuntimeError(
+                f"the scheduler found nothing to run at t={now:.6g} s ({len(running)} running, {len(waiting)} "
+                f"waiting, {blocks.num_free_blocks} free blocks); this is a bug in the simulator"
+            )
+        end = now + step_seconds(prefill, decode, kv_read, pairs)
+        log.add(now, end, prefill, decode, kv_read, pairs, seqs, blocks.num_used_blocks, queued)
+        now = end
+        step += 1
+        if finished:
+            for r in finished:
+                blocks.free(r.rid)
+            done = set(map(id, finished))
+            running = [r for r in running if id(r) not in done]
+
+
+def _run_static(requests: list[_Request], config: SimConfig, cost) -> _Log:
+    """Padded batches of up to ``max_num_seqs`` requests run to completion (see steps.run_static)."""
+    bs, batch_size, num_blocks = config.block_size, config.max_num_seqs, config.num_blocks
+    log = _Log()
+    live = [r for r in requests if r.error is None]
+    arrivals = [r.spec.arrival_time for r in live]
+    now, step, index = 0.0, 0, 0
+    while index < len(live):
+        now = max(now, live[index].spec.arrival_time)
+        batch: list[_Request] = []
+        longest_prompt = longest_output = 0
+        while index < len(live) and len(batch) < batch_size and live[index].spec.arrival_time <= now:
+            spec = live[index].spec
+            prompt = max(longest_prompt, spec.prompt_tokens)
+            output = max(longest_output, spec.output_tokens)
+            if batch and (len(batch) + 1) * cdiv(prompt + output, bs) > num_blocks:
+                break
+            batch.append(live[index])
+            longest_prompt, longest_output = prompt, output
+            index += 1
+        size = len(batch)
+        used = size * cdiv(longest_prompt + longest_output, bs)
+        queued = bisect.bisect_right(arrivals, now) - index
+        first = step
+        for r in batch:
+            r.scheduled_steps.append(step)
+            r.run_start, r.last_step = step, step + r.output - 1
+            r.generated = r.output
+        pairs = size * longest_prompt * (longest_prompt + 1) // 2
+        end = now + cost.step_seconds(size * longest_prompt, 0, 0, pairs)
+        log.add(now, end, size * longest_prompt, 0, 0, pairs, size, used, queued)
+        now, step = end, step + 1
+        for k in range(1, longest_output):
+            context = longest_prompt + k - 1
+            end = now + cost.step_seconds(0, size, size * context, size * (context + 1))
+            log.add(now, end, 0, size, size * context, size * (context + 1), size, used, queued)
+            now, step = end, step + 1
+        assert step == first + longest_output
+    return log
+
+
+def with_config(config: SimConfig, **changes) -> SimConfig:
+    """A copy of ``config`` with some settings changed (``dataclasses.replace``, validated)."""
+    return replace(config, **changes)

@@ -1,0 +1,199 @@
+"""A small, readable simulation loop that any step function can drive.
+
+Module 3's learners write the scheduling decision of one engine step; this harness does the rest:
+requests arrive, the step function picks who computes how many tokens, the cost model says how long
+the step took, and every request whose KV cache caught up with its tokens emits one output token at
+the end of the step. It keeps one Python object per request and one float per emitted token, which
+is fine for hundreds of requests; :func:`course.sim.simulate` runs the same policies with counters
+instead and handles a hundred thousand (the tests check that both agree exactly).
+
+The request record follows vLLM V1 (``vllm/v1/request.py``): a request has ``num_tokens`` =
+prompt + generated tokens and ``computed`` tokens whose KV is in the cache. Each step the scheduler
+gives it ``n`` new tokens to compute; when ``computed`` reaches ``num_tokens`` the step also
+samples one new output token. A prefill is just a request with many uncomputed tokens; a request
+preempted by recompute keeps its generated tokens, gets ``computed = 0`` and prefills them again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from course.trace import RequestTrace
+from course.workload import RequestSpec, Workload
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request inside a simulation (compared by identity, so ``victim is request`` works).
+
+    Attributes:
+        request_id, arrival_time (s), prompt_tokens, output_tokens: from the workload.
+        computed: tokens whose KV is in the cache.
+        generated: output tokens produced so far.
+        preemptions: how often it was preempted.
+        token_times: when each output token was produced (s, simulated clock).
+        block_hashes: chained hashes of its full prompt blocks (prefix caching only).
+    """
+
+    request_id: str
+    arrival_time: float
+    prompt_tokens: int
+    output_tokens: int
+    computed: int = 0
+    generated: int = 0
+    preemptions: int = 0
+    token_times: list[float] = field(default_factory=list)
+    block_hashes: list = field(default_factory=list)
+    prefix_hit_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: what the KV cache must eventually hold."""
+        return self.prompt_tokens + self.generated
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to compute before the next output token."""
+        return self.num_tokens - self.computed
+
+    @property
+    def finished(self) -> bool:
+        return self.generated >= self.output_tokens
+
+    @classmethod
+    def from_spec(cls, spec: RequestSpec) -> SimRequest:
+        return cls(spec.request_id, spec.arrival_time, spec.prompt_tokens, spec.output_tokens)
+
+    def trace(self) -> RequestTrace:
+        """What a streaming client would have recorded: one chunk per token."""
+        return RequestTrace(
+            request_id=self.request_id,
+            send_time=self.arrival_time,
+            chunk_times=list(self.token_times),
+            chunk_tokens=[1] * len(self.token_times),
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=len(self.token_times),
+            finish_reason="length" if self.finished else None,
+            error=self.error or (None if self.finished else "not finished"),
+        )
+
+
+# The step functions that the harness drives: (running, waiting, blocks) -> [(request, tokens)].
+StepFunction = Callable[[list, deque, object], list]
+
+
+@dataclass
+class HarnessRun:
+    """What :func:`run` returns: the requests (with their token times), traces and the step log."""
+
+    requests: list[SimRequest]
+    step_starts: list[float]
+    step_ends: list[float]
+    step_loads: list[tuple[int, int, int, int]]  # (prefill, decode, kv read, attention pairs)
+    used_blocks: list[int]
+    rejected: list[str]
+
+    @property
+    def traces(self) -> list[RequestTrace]:
+        return [request.trace() for request in self.requests]
+
+    @property
+    def preemptions(self) -> int:
+        return sum(request.preemptions for request in self.requests)
+
+
+def step_load(scheduled: Iterable[tuple[SimRequest, int]]) -> tuple[int, int, int, int]:
+    """(prefill tokens, decode tokens, KV tokens read, attention pairs) of a step, before it runs.
+
+    A scheduled request computes ``n`` tokens after ``c`` cached ones. It is a decode when it
+    already generated a token and only its newest token is left (``n == 1``, ``c == num_tokens - 1``);
+    everything else (prompts, chunks, recomputation) is prefill work.
+    """
+    prefill = decode = kv_read = pairs = 0
+    for request, n in scheduled:
+        c = request.computed
+        if n == 1 and request.generated and c == request.num_tokens - 1:
+            decode += 1
+        else:
+            prefill += n
+        kv_read += c
+        pairs += n * c + n * (n + 1) // 2
+    return prefill, decode, kv_read, pairs
+
+
+def run(
+    workload: Workload | Iterable[RequestSpec],
+    step: StepFunction,
+    blocks,
+    cost,
+    *,
+    block_hashes: Callable[[RequestSpec], list] | None = None,
+    max_steps: int = 1_000_000,
+) -> HarnessRun:
+    """Simulate ``workload`` with a step function, a block manager and a cost model.
+
+    Args:
+        workload: the requests (arrival times in seconds).
+        step: ``step(running, waiting, blocks) -> [(request, num_new_tokens), ...]``. It may admit
+            requests (move them from ``waiting`` to the end of ``running``, allocating blocks) and
+            preempt them (free their blocks, set ``computed = 0``, put them at the front of
+            ``waiting``), but must not change ``computed`` of the requests it schedules: the harness
+            adds the tokens after the step.
+        blocks: the block manager the step allocates from; the harness frees finished requests.
+        cost: any object with ``step_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)``.
+        block_hashes: prompt block hashes per request, for prefix caching.
+        max_steps: stop with an error after this many steps (a step function that never finishes).
+
+    Requests that could never fit in the whole KV cache (prompt + output tokens need more blocks
+    than exist) are rejected on arrival and listed in ``rejected``.
+    """
+    specs = sorted(workload, key=lambda spec: spec.arrival_time)
+    requests = [SimRequest.from_spec(spec) for spec in specs]
+    if block_hashes is not None:
+        for request, spec in zip(requests, specs):
+            request.block_hashes = block_hashes(spec)
+    result = HarnessRun(requests, [], [], [], [], [])
+    waiting: deque[SimRequest] = deque()
+    running: list[SimRequest] = []
+    now, next_arrival = 0.0, 0
+    for _ in range(max_steps):
+        while next_arrival < len(requests) and requests[next_arrival].arrival_time <= now:
+            request = requests[next_arrival]
+            next_arrival += 1
+            if -(-(request.prompt_tokens + request.output_tokens) // blocks.block_size) > blocks.num_blocks:
+                request.error = "rejected: prompt + output tokens need more KV blocks than the cache has"
+                result.rejected.append(request.request_id)
+            else:
+                waiting.append(request)
+        if not running and not waiting:
+            if next_arrival == len(requests):
+                return result
+            now = max(now, requests[next_arrival].arrival_time)
+            continue
+        scheduled = step(running, waiting, blocks)
+        if not scheduled:
+            raise RuntimeError(
+                f"the step scheduled nothing at t={now:.6g} s with {len(running)} running and {len(waiting)} "
+                f"waiting requests and {blocks.num_free_blocks} free blocks: the simulation would never end"
+            )
+        load = step_load(scheduled)
+        result.step_starts.append(now)
+        result.step_loads.append(load)
+        result.used_blocks.append(blocks.num_blocks - blocks.num_free_blocks)
+        now = now + cost.step_seconds(*load)
+        result.step_ends.append(now)
+        finished = []
+        for request, n in scheduled:
+            request.computed += n
+            if request.computed == request.num_tokens:  # caught up: this step sampled a new token
+                request.generated += 1
+                request.token_times.append(now)
+                if request.finished:
+                    finished.append(request)
+        for request in finished:
+            blocks.free(request.request_id)
+            running.remove(request)
+    raise RuntimeError(f"the simulation did not finish within {max_steps} steps")

@@ -1,0 +1,238 @@
+"""The scheduling policies, written to be read: one engine step at a time, one request at a time.
+
+* :func:`continuous_step`: vLLM V1's scheduler (``vllm/v1/core/sched/scheduler.py``, ``schedule()``).
+  One token budget per step. RUNNING requests first, in admission order, each asking for all its
+  uncomputed tokens (a decode asks for 1, a partly prefilled prompt for the rest of it), clipped to
+  what is left of the budget. When the KV cache has no block for one of them, the most recently
+  admitted running request is preempted by recompute (its blocks are freed, ``computed`` drops to 0,
+  it goes to the FRONT of the waiting queue), until the request fits or is itself the victim.
+  Then, only if nothing was preempted in this step, WAITING requests are admitted in order while
+  ``max_num_seqs`` and the budget allow; the first that does not get its blocks stops admission
+  (head-of-line blocking). With chunked prefill a prompt larger than the remaining budget is cut to
+  fit; without it, admission stops at a prompt that does not fit whole.
+* :func:`prefill_first_step`: vLLM V0's default scheduler (``vllm/core/scheduler.py`` in 0.6.x,
+  chunked prefill off): "it batches as many prefill requests as possible. And it schedules
+  decodes." A step is all prefill or all decode, never mixed, so every new prompt stalls every
+  running stream for a whole prefill: the generation stalls that Sarathi-Serve (OSDI'24) removed.
+* :func:`run_static`: static batching, the FasterTransformer-style baseline of Orca (OSDI'22).
+  When the engine is idle it takes up to ``batch_size`` requests that have arrived and runs them as
+  one padded batch to the end: every slot prefills the longest prompt and decodes until the longest
+  output is done; nobody joins until the batch is over.
+
+These are the library's reference implementations: module 3's exercises rebuild the continuous step
+and the static baseline, and :func:`course.sim.simulate` runs the same policies fast (the tests
+check that both give identical traces).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from course.sim.blocks import cdiv
+from course.sim.harness import SimRequest
+from course.trace import RequestTrace
+from course.workload import RequestSpec, Workload
+
+
+def preempt(request: SimRequest, waiting: deque, blocks) -> None:
+    """Preemption by recompute: drop the request's KV cache and queue it first in line.
+
+    It keeps the tokens it already generated (the client has them); when it is admitted again it
+    prefills prompt + generated tokens and then continues where it stopped.
+    """
+    blocks.free(request.request_id)
+    request.computed = 0
+    request.preemptions += 1
+    waiting.appendleft(request)
+
+
+def _prefix_hits(request: SimRequest, blocks) -> list[int]:
+    """Cached blocks of the request's prompt prefix; never all its tokens (the last one is recomputed)."""
+    if not getattr(blocks, "enable_prefix_caching", False) or not request.block_hashes:
+        return []
+    return blocks.lookup(request.block_hashes, (request.num_tokens - 1) // blocks.block_size)
+
+
+def _register(request: SimRequest, n: int, blocks) -> None:
+    if getattr(blocks, "enable_prefix_caching", False):
+        blocks.cache_full_blocks(request.request_id, request.block_hashes, request.computed + n)
+
+
+def schedule_running(
+    running: list[SimRequest], waiting: deque, blocks, token_budget: int, long_prefill_token_threshold: int = 0
+) -> tuple[list[tuple[SimRequest, int]], int, bool]:
+    """The first half of a V1 step: give running requests their tokens, preempting when blocks run out.
+
+    Returns (scheduled, budget left, whether anything was preempted).
+    """
+    scheduled: list[tuple[SimRequest, int]] = []
+    budget, preempted = token_budget, False
+    index = 0
+    while index < len(running) and budget > 0:
+        request = running[index]
+        n = request.remaining
+        if 0 < long_prefill_token_threshold < n:
+            n = long_prefill_token_threshold
+        n = min(n, budget)
+        fits = True
+        while not blocks.append(request.request_id, n):
+            victim = running.pop()  # the most recently admitted request
+            preempt(victim, waiting, blocks)
+            preempted = True
+            if victim is request:
+                fits = False
+                break
+        if not fits:
+            break
+        _register(request, n, blocks)
+        scheduled.append((request, n))
+        budget -= n
+        index += 1
+    return scheduled, budget, preempted
+
+
+def continuous_step(
+    running: list[SimRequest],
+    waiting: deque,
+    blocks,
+    token_budget: int,
+    max_num_seqs: int,
+    *,
+    chunked_prefill: bool = True,
+    long_prefill_token_threshold: int = 0,
+) -> list[tuple[SimRequest, int]]:
+    """One step of vLLM V1's scheduler; returns ``[(request, num_new_tokens), ...]`` in batch order."""
+    scheduled, budget, preempted = schedule_running(
+        running, waiting, blocks, token_budget, long_prefill_token_threshold
+    )
+    if preempted:  # V1 admits nobody in a step that had to preempt
+        return scheduled
+    while waiting and budget > 0 and len(running) < max_num_seqs:
+        request = waiting[0]
+        hits = _prefix_hits(request, blocks)
+        computed = len(hits) * blocks.block_size
+        n = request.num_tokens - computed
+        if 0 < long_prefill_token_threshold < n:
+            n = long_prefill_token_threshold
+        if not chunked_prefill and n > budget:
+            break
+        n = min(n, budget)
+        if not blocks.allocate(request.request_id, computed + n, hits):
+            break  # head-of-line blocking: later requests wait too
+        waiting.popleft()
+        running.append(request)
+        request.computed = computed
+        request.prefix_hit_tokens += computed
+        _register(request, n, blocks)
+        scheduled.append((request, n))
+        budget -= n
+    return scheduled
+
+
+def prefill_first_step(
+    running: list[SimRequest],
+    waiting: deque,
+    blocks,
+    token_budget: int,
+    max_num_seqs: int,
+    *,
+    watermark_blocks: int = 0,
+) -> list[tuple[SimRequest, int]]:
+    """One step of vLLM V0's default scheduler: prefill whole prompts if any can start, else decode.
+
+    A waiting request is admitted only if its whole prompt fits the remaining budget and, after its
+    blocks, at least ``watermark_blocks`` blocks stay free (V0's ``watermark=0.01`` of the blocks).
+    """
+    scheduled: list[tuple[SimRequest, int]] = []
+    budget = token_budget
+    while waiting and len(running) < max_num_seqs:
+        request = waiting[0]
+        hits = _prefix_hits(request, blocks)
+        computed = len(hits) * blocks.block_size
+        n = request.num_tokens - computed
+        if n > budget:
+            break
+        new_blocks = cdiv(computed + n, blocks.block_size) - len(hits)
+        if blocks.num_free_blocks - new_blocks < watermark_blocks:
+            break
+        if not blocks.allocate(request.request_id, computed + n, hits):
+            break
+        waiting.popleft()
+        running.append(request)
+        request.computed = computed
+        request.prefix_hit_tokens += computed
+        _register(request, n, blocks)
+        scheduled.append((request, n))
+        budget -= n
+    if scheduled:  # "Don't schedule decodes if prefills are scheduled."
+        return scheduled
+    return schedule_running(running, waiting, blocks, token_budget)[0]
+
+
+def run_static(
+    workload: Workload | Iterable[RequestSpec],
+    batch_size: int,
+    cost,
+    *,
+    num_blocks: int | None = None,
+    block_size: int = 16,
+) -> list[RequestTrace]:
+    """Static batching: padded batches of up to ``batch_size`` requests, each run to its end.
+
+    When the engine is idle it takes the requests that have arrived, first come first served, up to
+    ``batch_size`` (and, with ``num_blocks``, while every slot can reserve KV for the batch's longest
+    prompt plus longest output). The batch prefills as a ``B x P`` rectangle (``P`` = longest
+    prompt), then runs ``O - 1`` decode steps (``O`` = longest output) with all ``B`` slots; decode
+    step ``k`` reads ``B x (P + k - 1)`` cached tokens. Each request streams one token at the end of
+    the prefill and of each decode step until it has its ``output_tokens``; the next batch starts
+    when the last step ends. If nothing has arrived, the engine waits for the next arrival.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    every = sorted(workload, key=lambda spec: spec.arrival_time)
+    traces: dict[str, RequestTrace] = {}
+    specs = []  # the requests that fit in the KV cache at all; the others are rejected on arrival
+    for spec in every:
+        if num_blocks is not None and cdiv(spec.prompt_tokens + spec.output_tokens, block_size) > num_blocks:
+            traces[spec.request_id] = RequestTrace(
+                spec.request_id, spec.arrival_time, prompt_tokens=spec.prompt_tokens, error="rejected: too long"
+            )
+        else:
+            specs.append(spec)
+    now, index = 0.0, 0
+    while index < len(specs):
+        now = max(now, specs[index].arrival_time)
+        batch: list[RequestSpec] = []
+        longest_prompt = longest_output = 0
+        while index < len(specs) and len(batch) < batch_size and specs[index].arrival_time <= now:
+            candidate = specs[index]
+            prompt = max(longest_prompt, candidate.prompt_tokens)
+            output = max(longest_output, candidate.output_tokens)
+            if num_blocks is not None and batch and (len(batch) + 1) * cdiv(prompt + output, block_size) > num_blocks:
+                break
+            batch.append(candidate)
+            longest_prompt, longest_output = prompt, output
+            index += 1
+        size = len(batch)
+        times: dict[str, list[float]] = {s.request_id: [] for s in batch}
+        now += cost.step_seconds(size * longest_prompt, 0, 0, size * longest_prompt * (longest_prompt + 1) // 2)
+        for s in batch:
+            times[s.request_id].append(now)
+        for k in range(1, longest_output):
+            context = longest_prompt + k - 1
+            now += cost.step_seconds(0, size, size * context, size * (context + 1))
+            for s in batch:
+                if s.output_tokens > k:
+                    times[s.request_id].append(now)
+        for s in batch:
+            traces[s.request_id] = RequestTrace(
+                s.request_id,
+                s.arrival_time,
+                chunk_times=times[s.request_id],
+                chunk_tokens=[1] * len(times[s.request_id]),
+                prompt_tokens=s.prompt_tokens,
+                output_tokens=len(times[s.request_id]),
+                finish_reason="length",
+            )
+    return [traces[spec.request_id] for spec in every]

@@ -1,0 +1,192 @@
+"""Property-based tests of course.sim: invariants on random workloads and settings, and the fast engine
+agreeing exactly with the readable reference (harness + step functions)."""
+
+from __future__ import annotations
+
+import functools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from course.sim import BlockManager, LinearCost, SimConfig, harness, prompt_block_hashes, simulate, steps
+from course.sim.blocks import cdiv
+from course.workload import RequestSpec, Workload
+
+COST = LinearCost(a=0.01, b=0.001, c=0.002, d=1e-5)
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def workloads(draw) -> Workload:
+    n = draw(st.integers(1, 24))
+    shared = draw(st.sampled_from([0, 8, 24, 40]))  # tokens of a system prompt all requests share
+    front = draw(st.sampled_from([0, 0, 2]))  # unique tokens before it (a timestamp)
+    arrivals = sorted(draw(st.lists(st.floats(0, 2.0, allow_nan=False), min_size=n, max_size=n)))
+    requests = []
+    for i, t in enumerate(arrivals):
+        own = draw(st.integers(1, 48))
+        segments = [(f"front {i}", front)] if front else []
+        segments += [("system", shared)] if shared else []
+        segments.append((f"own {i}", own))
+        requests.append(RequestSpec(str(i), t, own + shared + front, draw(st.integers(1, 32)), tuple(segments)))
+    return Workload(requests)
+
+
+@st.composite
+def configs(draw) -> SimConfig:
+    scheduler = draw(st.sampled_from(["continuous", "continuous", "prefill-first", "static"]))
+    chunked = draw(st.booleans()) if scheduler == "continuous" else True
+    return SimConfig(
+        scheduler=scheduler,
+        max_num_seqs=draw(st.integers(1, 8)),
+        max_num_batched_tokens=draw(st.sampled_from([None, 16, 64])) if scheduler == "continuous" and chunked else None,
+        chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 7])) if scheduler == "continuous" else 0,
+        block_size=(block_size := draw(st.sampled_from([1, 4, 16]))),
+        num_blocks=cdiv(draw(st.integers(24, 600)), block_size),  # small caches force preemptions
+        enable_prefix_caching=draw(st.booleans()) and scheduler != "static",
+    )
+
+
+def reference_traces(work: Workload, config: SimConfig):
+    if config.scheduler == "static":
+        return steps.run_static(
+            work, config.max_num_seqs, COST, num_blocks=config.num_blocks, block_size=config.block_size
+        ), None
+    blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+    if config.scheduler == "continuous":
+        step = functools.partial(
+            steps.continuous_step,
+            token_budget=config.token_budget,
+            max_num_seqs=config.max_num_seqs,
+            chunked_prefill=config.chunked_prefill,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+        )
+    else:
+        step = functools.partial(
+            steps.prefill_first_step, token_budget=config.token_budget, max_num_seqs=config.max_num_seqs
+        )
+
+    def hashes(spec):
+        return prompt_block_hashes(spec.request_id, spec.prompt_tokens, config.block_size, spec.prompt_segments)
+
+    checked = CheckedBlocks(blocks)
+    run = harness.run(work, step, checked, COST, block_hashes=hashes if config.enable_prefix_caching else None)
+    return run.traces, run
+
+
+class CheckedBlocks:
+    """The reference block manager, checking its invariants after every change."""
+
+    def __init__(self, blocks: BlockManager) -> None:
+        self._blocks = blocks
+
+    def __getattr__(self, name):
+        attribute = getattr(self._blocks, name)
+        if name in {"allocate", "append", "reserve", "free", "cache_full_blocks"}:
+
+            def checked(*args, **kwargs):
+                result = attribute(*args, **kwargs)
+                self._blocks.check()
+                return result
+
+            return checked
+        return attribute
+
+
+@SETTINGS
+@given(workloads(), configs())
+def test_every_request_gets_exactly_its_tokens_and_no_invariant_breaks(work, config):
+    result = simulate(work, config, COST)
+    by_id = {spec.request_id: spec for spec in work}
+    for trace in result.traces:
+        spec = by_id[trace.request_id]
+        if trace.error:  # only requests that could never fit are rejected
+            assert cdiv(spec.prompt_tokens + spec.output_tokens, config.block_size) > config.num_blocks
+            continue
+        assert len(trace.chunk_times) == trace.output_tokens == spec.output_tokens
+        assert trace.chunk_times[0] > spec.arrival_time, "no token before (or at) the arrival"
+        assert all(a < b for a, b in zip(trace.chunk_times, trace.chunk_times[1:])), "one token per step"
+        assert trace.chunk_times[0] - trace.send_time <= trace.chunk_times[-1] - trace.send_time  # TTFT <= E2E
+    log = result.steps
+    assert (log.used_blocks <= config.num_blocks).all(), "blocks never exceed the cache"
+    assert (log.end > log.start).all() and (log.start[1:] >= log.end[:-1]).all()
+    assert (log.num_seqs <= config.max_num_seqs).all()
+    if config.scheduler != "static":
+        assert (log.prefill_tokens + log.decode_tokens <= config.token_budget).all()
+    if config.scheduler == "prefill-first":
+        assert ((log.prefill_tokens == 0) | (log.decode_tokens == 0)).all(), "V0 never mixes prefill and decode"
+    for record in result.requests:  # preempted requests restarted and still finished
+        if record.preempted:
+            assert len(record.token_times) == record.output_tokens
+            assert len(record.scheduled) == len(record.preempted) + 1
+
+
+@SETTINGS
+@given(workloads(), configs())
+def test_fast_engine_matches_the_reference_exactly(work, config):
+    result = simulate(work, config, COST)
+    expected, run = reference_traces(work, config)
+    assert [t.chunk_times for t in result.traces] == [t.chunk_times for t in expected]
+    assert [bool(t.error) for t in result.traces] == [bool(t.error) for t in expected]
+    if run is not None:
+        assert result.preemptions == run.preemptions
+        assert result.steps.used_blocks.tolist() == run.used_blocks
+        assert [r.prefix_hit_tokens for r in result.requests] == [r.prefix_hit_tokens for r in run.requests]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.sampled_from([1, 2, 4, 16]),
+    st.booleans(),
+    st.lists(
+        st.tuples(st.sampled_from(["allocate", "append", "free", "lookup"]), st.integers(0, 5), st.integers(0, 40))
+    ),
+)
+def test_block_manager_invariants_under_random_operations(num_blocks, block_size, caching, operations):
+    blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
+    prompts = {
+        rid: prompt_block_hashes(str(rid), 40, block_size, [("shared", 20), (f"own {rid}", 20)]) for rid in range(6)
+    }
+    for op, rid, tokens in operations:
+        key = str(rid)
+        before = blocks.num_free_blocks
+        if op == "allocate" and key not in blocks:
+            hits = blocks.lookup(prompts[rid], tokens // block_size)
+            if blocks.allocate(key, max(tokens, len(hits) * block_size), hits):
+                blocks.cache_full_blocks(key, prompts[rid], tokens)
+            else:
+                assert key not in blocks and blocks.num_free_blocks == before, "a failed allocation changes nothing"
+        elif op == "append" and key in blocks:
+            table = blocks.block_table(key)
+            if not blocks.append(key, tokens):
+                assert blocks.block_table(key) == table and blocks.num_free_blocks == before
+        elif op == "free" and key in blocks:
+            blocks.free(key)
+        elif op == "lookup":
+            assert len(blocks.lookup(prompts[rid])) <= len(prompts[rid])
+        blocks.check()
+        assert 0 <= blocks.num_used_blocks <= num_blocks
+        assert 0.0 <= blocks.utilisation() <= 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 40), st.integers(2, 40)), min_size=4, max_size=16),
+    st.sampled_from(["continuous", "prefill-first"]),
+    st.sampled_from([1, 4, 8]),
+    st.integers(0, 3),
+    st.booleans(),
+)
+def test_under_kv_pressure_preempted_requests_restart_and_still_finish(sizes, scheduler, block_size, spare, caching):
+    work = Workload([RequestSpec(str(i), 0.001 * i, p, o) for i, (p, o) in enumerate(sizes)])
+    # room for the largest request plus a few blocks: everyone else has to squeeze in, and out
+    num_blocks = max(cdiv(p + o, block_size) for p, o in sizes) + spare
+    config = SimConfig(scheduler=scheduler, block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=caching)
+    result = simulate(work, config, COST)
+    assert all(len(r.token_times) == r.output_tokens and not r.error for r in result.requests)
+    assert (result.steps.used_blocks <= num_blocks).all()
+    expected, run = reference_traces(work, config)
+    assert [t.chunk_times for t in result.traces] == [t.chunk_times for t in expected]
+    assert result.preemptions == run.preemptions

@@ -1,0 +1,64 @@
+"""How fast is the scheduler simulator? (issue 4: 10,000 requests, mean 200 output tokens, continuous
+batching, in <= 5 s on a 2-core CPU.)
+
+Simulates Llama-3-8B on an H100 (roofline cost, vLLM V1 continuous batching with the H100-class API
+server defaults of 8192 tokens and 1024 sequences per step) for 10,000 requests with log-normal
+prompts (median 512 tokens) and uniform 100..300 output tokens (mean 200), under three loads:
+Poisson at 30 and 60 requests/s, and all 10,000 at once. Reports the wall-clock time of the
+simulation itself, simulated steps per second, and separately the time to turn the result into
+request traces and summarise them with course.metrics (what ``result.table()`` costs).
+
+    .venv/bin/python benchmarks/sim_speed.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from course import geometry, hardware, workload
+from course.sim import RooflineCost, SimConfig, kv_blocks, simulate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per load; the median is reported")
+    args = parser.parse_args()
+
+    model, gpu = geometry.LLAMA3_8B, hardware.gpu("H100-SXM")
+    cost = RooflineCost(model, gpu)
+    # KV budget: 90 % of the H100's 80 GB minus the 16 GB of weights, minus 4 GB for activations
+    blocks = kv_blocks(0.9 * gpu.memory_bytes - model.num_params * 2 - 4e9, model)
+    config = SimConfig(max_num_batched_tokens=8192, max_num_seqs=1024, num_blocks=blocks)
+    prompts = workload.lognormal(512, 0.8, high=4096)
+    outputs = workload.uniform(100, 300)
+    loads = {
+        "Poisson 30 req/s": workload.poisson(30, args.requests, prompts, outputs, seed=0),
+        "Poisson 60 req/s": workload.poisson(60, args.requests, prompts, outputs, seed=0),
+        "all at once": workload.all_at_once(args.requests, prompts, outputs, seed=0),
+    }
+    print(f"{args.requests} requests, {config.describe()}; {cost.describe()}")
+    print(f"{'load':18s} {'out tok':>9s} {'steps':>7s} {'sim s':>7s} {'steps/s':>9s} {'tokens/s':>10s} "
+          f"{'traces+summary s':>17s} {'preempt':>8s} {'batch':>6s}")  # fmt: skip
+    for name, requests in loads.items():
+        sim_times, report_times = [], []
+        for _ in range(args.repeats):
+            result = simulate(requests, config, cost)
+            sim_times.append(result.wall_seconds)
+            started = time.perf_counter()
+            result.summary()
+            report_times.append(time.perf_counter() - started)
+        wall = statistics.median(sim_times)
+        steps = len(result.steps)
+        print(
+            f"{name:18s} {requests.total_output_tokens:9d} {steps:7d} {wall:7.2f} {steps / wall:9.0f} "
+            f"{requests.total_output_tokens / wall:10.0f} {statistics.median(report_times):17.2f} "
+            f"{result.preemptions:8d} {result.mean_batch_size:6.0f}"
+        )
+    print("sim s: median wall-clock seconds of simulate(); target <= 5 s. Timings on a shared machine vary.")
+
+
+if __name__ == "__main__":
+    main()

@@ -5,6 +5,8 @@ course tiny-model DIR            write the tiny offline model for `transformers 
 course summarize TRACES.json     TTFT / ITL / TPOT / E2E percentiles of a trace file
 course simulate [--config FILE]  simulate a batching scheduler on a workload (course simulate -h)
 course kv MODEL --gpu H100-SXM   KV-cache size and vLLM's memory budget (course kv --list)
+course serve [--port 8000]       the OpenAI-compatible reference server (continuous batching)
+course bench --base-url URL      load-test any OpenAI-compatible server: TTFT / ITL / TPOT / E2E, traces
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_simulate_arguments(sim)
     sim.set_defaults(run=_simulate)
+
+    from course.serving.cli import add_bench_arguments, add_serve_arguments
+
+    add_serve_arguments(commands.add_parser("serve", help="run the OpenAI-compatible reference server"))
+    add_bench_arguments(commands.add_parser("bench", help="load-test an OpenAI-compatible server, write traces"))
     return parser
 
 

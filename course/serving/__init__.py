@@ -1,0 +1,38 @@
+"""Module 2's serving stack: a continuous-batching engine, an OpenAI-compatible server, a load client.
+
+* :mod:`course.serving.engine`: prefill once, then batched decode steps with the KV cache;
+  requests join and leave between steps (continuous batching).
+* :mod:`course.serving.server`: ``create_app()``, the FastAPI server (completions, chat,
+  models, health) with vLLM's SSE framing, 400 errors and abort on disconnect.
+* :mod:`course.serving.background`: ``BackgroundServer`` (uvicorn in a thread, any free port)
+  and ``run_sync`` for notebooks and tests.
+* :mod:`course.serving.client`: a load client for any OpenAI-compatible server that writes
+  :class:`~course.trace.RequestTrace` records (``course bench``).
+
+Submodules are imported lazily so ``import course.serving`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "Engine": "engine",
+    "SamplingParams": "engine",
+    "create_app": "server",
+    "BackgroundServer": "background",
+    "run_sync": "background",
+    "IncrementalDetokenizer": "detok",
+    "PromptBuilder": "client",
+    "run_load": "client",
+    "stream_request": "client",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"course.serving.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'course.serving' has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

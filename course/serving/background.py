@@ -1,0 +1,142 @@
+"""Run an ASGI app (the reference server, or a learner's) in a background thread.
+
+``uvicorn.run`` cannot be called inside Jupyter (the kernel already runs an event loop), so the
+notebooks and tests run ``uvicorn.Server`` in a daemon thread on a pre-bound socket: port 0
+means any free port, so two servers never collide. ``stop()`` first runs the app's
+``app.state.on_server_stop`` callbacks (the reference server aborts its requests there, so
+open streams end with an error event and ``[DONE]``), then asks uvicorn to exit and cancels
+whatever is still running after ``graceful_timeout`` seconds: a stream that never ends cannot
+keep the server alive.
+
+:func:`run_sync` runs a coroutine to completion from any code, including a notebook cell whose
+thread already has a running event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class _QuietShutdown(logging.Filter):
+    """Hide uvicorn's error line about cancelling streams at shutdown: that is the point of stopping."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "timeout graceful shutdown exceeded" not in record.getMessage()
+
+
+class BackgroundServer:
+    """An ASGI app served by uvicorn on 127.0.0.1 in a daemon thread.
+
+    >>> with BackgroundServer(app) as server:           # doctest: +SKIP
+    ...     httpx.get(server.url + "/health")
+
+    Attributes:
+        url: ``http://host:port``; ``base_url`` adds ``/v1`` (what the openai client wants).
+    """
+
+    def __init__(
+        self, app, host: str = "127.0.0.1", port: int = 0, graceful_timeout: float = 1.0, log_level: str = "warning"
+    ) -> None:
+        import uvicorn
+
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host, self.port = self.sock.getsockname()[:2]
+        config = uvicorn.Config(
+            app,
+            log_level=log_level,
+            access_log=False,
+            timeout_graceful_shutdown=graceful_timeout,
+            lifespan="on",
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._serve, name=f"uvicorn-{self.port}", daemon=True)
+        self._error: BaseException | None = None
+        logging.getLogger("uvicorn.error").addFilter(_QuietShutdown())
+
+    def _serve(self) -> None:
+        try:
+            self.server.run(sockets=[self.sock])
+        except BaseException as err:  # reported by start()
+            self._error = err
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def start(self, timeout: float = 30.0) -> BackgroundServer:
+        """Start serving; returns once the server accepts connections."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError(f"the server thread died while starting: {self._error!r}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"the server did not start within {timeout} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving: abort the app's work, close connections, join the thread."""
+        state = getattr(self.app, "state", None)
+        for callback in getattr(state, "on_server_stop", []) if state is not None else []:
+            callback()
+        self.server.should_exit = True
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+        self.sock.close()
+        if self.thread.is_alive():
+            raise RuntimeError(f"the server on port {self.port} did not stop within {timeout} s")
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.thread.is_alive() else "stopped"
+        return f"BackgroundServer({self.url}, {state})"
+
+
+def run_sync(coroutine: Awaitable[T], timeout: float | None = None) -> T:
+    """Run ``coroutine`` to completion in a fresh event loop on a helper thread; return its result.
+
+    Works everywhere, including notebook cells (whose thread already runs an event loop, so
+    ``asyncio.run`` would refuse). ``timeout`` (s) cancels the coroutine and raises TimeoutError.
+    """
+    result: dict[str, Any] = {}
+
+    async def main():
+        return await (asyncio.wait_for(coroutine, timeout) if timeout else coroutine)
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(main())
+        except BaseException as err:  # re-raised in the caller's thread
+            result["error"] = err
+
+    thread = threading.Thread(target=target, name="course-run-sync", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        error = result["error"]
+        if isinstance(error, asyncio.TimeoutError):
+            raise TimeoutError(f"gave up after {timeout} s") from None
+        raise error
+    return result["value"]

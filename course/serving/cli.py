@@ -1,0 +1,179 @@
+"""``course serve`` and ``course bench``: the reference server and the load client on the command line.
+
+course serve [--port 8000] [--model NAME] [--max-batch-size 64]
+    the OpenAI-compatible reference server on 127.0.0.1 (the tiny model on a CPU; a real small
+    model from the Hub on a GPU runtime with Hub access; or a local model folder).
+course bench --base-url URL [--concurrency N | --request-rate R] [--prompt-tokens P] [--output-tokens O]
+    a load test of any OpenAI-compatible server (ours, vLLM, SGLang, transformers serve): TTFT /
+    ITL / TPOT / E2E mean, p50, p95, p99 and throughput; ``--output`` writes the raw traces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from course.metrics import BenchmarkSummary
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="'tiny' (the offline model), a Hub id or a local model folder (default: tiny on CPU, a real small "
+        "model on a GPU runtime with Hub access)",
+    )
+    parser.add_argument("--served-model-name", default=None, help="the id clients send as 'model'")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="requests decoded together (1 = one at a time)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + output tokens)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: the GPU if there is one)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
+    parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    parser.set_defaults(run=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import os
+
+    import torch
+    import uvicorn
+
+    from course.env import QUIET_ENV
+    from course.models import TINY_NAME, load_model
+    from course.serving.server import create_app
+
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    name = TINY_NAME if args.model in ("tiny", TINY_NAME) else args.model
+    lm = load_model(name, device=args.device, seed=args.seed, allow_hub=None if name is None else True)
+    aliases = (args.model,) if args.model not in (None, "tiny", lm.name) else ()
+    app = create_app(
+        lm,
+        model_name=args.served_model_name or lm.name,
+        aliases=aliases,
+        max_batch_size=args.max_batch_size,
+        max_model_len=args.max_model_len,
+    )
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=2
+    )
+    server = uvicorn.Server(config)
+    engine = app.state.engine
+    print(
+        f"serving {app.state.model_name} on http://{args.host}:{args.port}/v1 (max batch {engine.max_batch_size}, "
+        f"context {engine.max_model_len} tokens, {torch.get_num_threads()} CPU threads); Ctrl-C stops",
+        flush=True,
+    )
+    server.run()
+    return 0
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server (with or without /v1)")
+    parser.add_argument("--model", default=None, help="model id to send (default: the first listed by /v1/models)")
+    parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    parser.add_argument("--num-requests", type=int, default=32, help="requests to send (default 32)")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, default=None, help="closed loop: this many requests in flight")
+    load.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals, requests per second")
+    parser.add_argument(
+        "--max-concurrency", type=int, default=None, help="cap on requests in flight with --request-rate"
+    )
+    parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1 = Poisson)")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    parser.add_argument("--output-tokens", type=int, default=64, help="max_tokens per request (default 64)")
+    parser.add_argument(
+        "--tokenizer", default=None, help="tokenizer folder for exact prompt lengths (default: the course's)"
+    )
+    parser.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos (outputs may be shorter)")
+    parser.add_argument(
+        "--no-continuous-usage", action="store_true", help="do not ask for per-chunk usage (for servers that reject it)"
+    )
+    parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up requests first (default 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument("--percentiles", type=float, nargs="+", default=[50, 95, 99], metavar="Q")
+    parser.add_argument("--output", default=None, help="write the raw request traces to this JSON file")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=bench)
+
+
+def summary_dict(summary: BenchmarkSummary) -> dict:
+    """A summary as plain JSON-ready numbers (seconds, tokens/s)."""
+    out = {
+        "completed": summary.completed,
+        "failed": summary.failed,
+        "duration_s": summary.duration,
+        "output_tokens": summary.output_tokens,
+        "output_throughput_tok_s": summary.output_throughput,
+        "request_throughput_req_s": summary.request_throughput,
+    }
+    for name in ("ttft", "itl", "tpot", "e2e"):
+        stats = getattr(summary, name)
+        out[name] = {"n": stats.n, "mean_s": stats.mean, **{f"p{q:g}_s": v for q, v in stats.percentiles.items()}}
+    return out
+
+
+def bench(args: argparse.Namespace) -> int:
+    from course.metrics import summarize
+    from course.serving.client import PromptBuilder, run_load
+    from course.workload import all_at_once, bursty
+
+    if args.num_requests < 1:
+        raise ValueError("--num-requests must be at least 1")
+    if args.request_rate is not None:
+        workload = bursty(
+            args.request_rate, args.num_requests, args.prompt_tokens, args.output_tokens, args.burstiness, args.seed
+        )
+        concurrency = args.max_concurrency
+    else:
+        workload = all_at_once(args.num_requests, args.prompt_tokens, args.output_tokens, seed=args.seed)
+        concurrency = args.concurrency or 1
+    prompts = PromptBuilder(args.tokenizer)
+    options = dict(
+        model=args.model,
+        endpoint=args.endpoint,
+        prompts=prompts,
+        ignore_eos=not args.no_ignore_eos,
+        continuous_usage=not args.no_continuous_usage,
+        timeout=args.timeout,
+    )
+    if args.warmup:
+        warm = run_load(
+            args.base_url,
+            all_at_once(args.warmup, args.prompt_tokens, 4, seed=args.seed + 10_000),
+            concurrency=1,
+            progress=False,
+            **options,
+        )
+        if warm.summary.completed == 0:
+            error = warm.traces[0].error if warm.traces else "no response"
+            raise ValueError(f"the warm-up request to {args.base_url} failed: {error}")
+    result = run_load(
+        args.base_url, workload, concurrency=concurrency, progress=not args.no_progress, seed=args.seed, **options
+    )
+    summary = summarize(result.traces, percentiles=args.percentiles, duration=result.duration)
+    if args.output:
+        result.save(args.output)
+    if args.json:
+        print(json.dumps({"workload": result.metadata, **summary_dict(summary)}, indent=1))
+    else:
+        load = f"{concurrency} concurrent" if args.request_rate is None else f"{args.request_rate:g} req/s"
+        print(
+            f"{args.base_url} model {result.metadata['model']}: {args.num_requests} requests, {load}, "
+            f"{args.prompt_tokens} prompt + {args.output_tokens} output tokens"
+        )
+        print(summary.table())
+        failures = [t.error for t in result.traces if t.error]
+        if failures:
+            print(f"{len(failures)} failed; first error: {failures[0]}", file=sys.stderr)
+        if args.output:
+            print(f"traces written to {args.output}")
+    return 0 if summary.completed else 1

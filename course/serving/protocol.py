@@ -1,0 +1,354 @@
+"""The OpenAI-compatible wire format: request validation, error bodies and SSE chunks.
+
+Follows vLLM 0.11 (``vllm/entrypoints/openai/``) and the OpenAI API reference:
+
+* a stream is ``data: {json}\\n\\n`` events ending with ``data: [DONE]\\n\\n``;
+* completions chunks are ``object="text_completion"`` with ``choices[i].text``; chat chunks are
+  ``object="chat.completion.chunk"`` whose first chunk's delta carries the role;
+* the last token's chunk carries ``finish_reason`` ("stop" or "length");
+* with ``stream_options.include_usage`` every chunk has ``"usage": null`` and one more chunk
+  with ``"choices": []`` and the usage comes before ``[DONE]``; with
+  ``continuous_usage_stats`` every chunk carries the usage so far;
+* bad requests get HTTP 400 and ``{"error": {"message", "type", "param", "code"}}``; an error
+  after the stream started is sent as a ``data: {"error": ...}`` event, then ``[DONE]``.
+
+Fields that real clients send and this server does not use (``user``, ``seed`` without
+sampling, ``logprobs: null``, ``n: 1``, ``presence_penalty``, ...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DONE_EVENT = "data: [DONE]\n\n"
+CHAT_ROLES = {"system", "user", "assistant", "developer", "tool"}
+
+
+class BadRequest(Exception):
+    """A client mistake: becomes HTTP 400 with an OpenAI-style error body."""
+
+    def __init__(self, message: str, param: str | None = None, code: int | str = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def error_body(message: str, err_type: str = "BadRequestError", param: str | None = None, code: int | str = 400):
+    """``{"error": {...}}`` as vLLM sends it (``create_error_response``)."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def sse_event(payload: Any) -> str:
+    """One Server-Sent Event carrying ``payload`` as compact JSON (a str is sent as is)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+@dataclass
+class GenerationRequest:
+    """A validated completions or chat request, ready for the engine."""
+
+    kind: str  # "completion" or "chat"
+    model: str
+    prompt_ids: list[int]
+    max_tokens: int
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ServingContext:
+    """What validation needs to know about the served model."""
+
+    tokenizer: Any
+    model_names: tuple[str, ...]
+    max_model_len: int
+    vocab_size: int
+
+
+# --- validation helpers -------------------------------------------------------------------------
+
+
+def _field(body: dict, name: str, kinds: tuple[type, ...], default: Any = None, what: str | None = None) -> Any:
+    """``body[name]`` if it has one of ``kinds`` (null = default), else BadRequest naming the field."""
+    value = body.get(name)
+    if value is None:
+        return default
+    # JSON true is not a number, although Python's bool is an int
+    value_ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if not value_ok:
+        raise BadRequest(
+            f"'{name}' must be {what or ' or '.join(_json_type(k) for k in kinds)}, got {_describe(value)}", name
+        )
+    return value
+
+
+def _json_type(kind: type) -> str:
+    return {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        bool: "a boolean",
+        list: "an array",
+        dict: "an object",
+    }[kind]
+
+
+def _describe(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """The request body as a JSON object, or BadRequest saying what is wrong with it."""
+    if not raw.strip():
+        raise BadRequest("The request body is empty; send a JSON object.")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BadRequest(f"The request body is not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"The request body must be a JSON object, got {type(body).__name__}.")
+    return body
+
+
+def _check_model(body: dict, ctx: ServingContext) -> str:
+    model = _field(body, "model", (str,), default=ctx.model_names[0])
+    if model not in ctx.model_names:
+        raise BadRequest(f"The model `{model}` does not exist. Served models: {', '.join(ctx.model_names)}.", "model")
+    return model
+
+
+def _common(
+    body: dict, ctx: ServingContext, kind: str, prompt_ids: list[int], default_max: int | None
+) -> GenerationRequest:
+    if not prompt_ids:
+        raise BadRequest(
+            "The prompt is empty; send at least one token.", "prompt" if kind == "completion" else "messages"
+        )
+    n = _field(body, "n", (int,), default=1)
+    if n != 1:
+        raise BadRequest(f"'n' must be 1 (this server generates one choice per request), got {n}", "n")
+    max_tokens = _field(body, "max_tokens", (int,))
+    if kind == "chat":
+        max_tokens = _field(body, "max_completion_tokens", (int,), default=max_tokens)
+    name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
+    if max_tokens is not None and max_tokens <= 0:
+        raise BadRequest(f"'{name}' must be at least 1, got {max_tokens}", name)
+    if len(prompt_ids) >= ctx.max_model_len:
+        raise BadRequest(
+            f"This model's maximum context length is {ctx.max_model_len} tokens. However, your request has "
+            f"{len(prompt_ids)} input tokens. Please reduce the length of the input messages.",
+            "prompt" if kind == "completion" else "messages",
+        )
+    if max_tokens is None:
+        room = ctx.max_model_len - len(prompt_ids)
+        max_tokens = min(room, default_max) if default_max else room
+    if len(prompt_ids) + max_tokens > ctx.max_model_len:
+        raise BadRequest(
+            f"'{name}' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context length "
+            f"is {ctx.max_model_len} tokens and your request has {len(prompt_ids)} input tokens "
+            f"({max_tokens} > {ctx.max_model_len} - {len(prompt_ids)}).",
+            name,
+        )
+    stream = _field(body, "stream", (bool,), default=False)
+    options = _field(body, "stream_options", (dict,), default={})  # ignored unless streaming, never rejected
+    include_usage = _field(options, "include_usage", (bool,), default=True) if options else False
+    continuous = _field(options, "continuous_usage_stats", (bool,), default=False) if options else False
+    temperature = float(_field(body, "temperature", (int, float), default=0.0))
+    if not 0 <= temperature <= 2:
+        raise BadRequest(f"'temperature' must be between 0 and 2, got {temperature}", "temperature")
+    top_p = float(_field(body, "top_p", (int, float), default=1.0))
+    if not 0 < top_p <= 1:
+        raise BadRequest(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
+    seed = _field(body, "seed", (int,))
+    stop = _field(body, "stop", (str, list), default=[])
+    stop = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) for s in stop):
+        raise BadRequest("'stop' must be a string or an array of strings", "stop")
+    stop = [s for s in stop if s]
+    stop_token_ids = _field(body, "stop_token_ids", (list,), default=[])
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids):
+        raise BadRequest("'stop_token_ids' must be an array of integers", "stop_token_ids")
+    return GenerationRequest(
+        kind=kind,
+        model=_check_model(body, ctx),
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=bool(stream and (include_usage or continuous)),
+        continuous_usage=bool(stream and continuous),
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        ignore_eos=_field(body, "ignore_eos", (bool,), default=False),
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+    )
+
+
+def _token_ids(value: list, ctx: ServingContext, param: str) -> list[int]:
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise BadRequest(f"'{param}' must be a string or an array of token ids (integers)", param)
+    if value and (min(value) < 0 or max(value) >= ctx.vocab_size):
+        raise BadRequest(f"token ids in '{param}' must be in [0, {ctx.vocab_size})", param)
+    return list(value)
+
+
+def parse_completion(body: dict, ctx: ServingContext) -> GenerationRequest:
+    """Validate a ``POST /v1/completions`` body (raises BadRequest)."""
+    if "prompt" not in body or body["prompt"] is None:
+        raise BadRequest("'prompt' is required: a string or an array of token ids.", "prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one prompt
+    if isinstance(prompt, str):
+        ids = ctx.tokenizer(prompt, add_special_tokens=True, verbose=False).input_ids
+    elif isinstance(prompt, list):
+        if prompt and all(isinstance(p, (str, list)) for p in prompt):
+            raise BadRequest("this server takes one prompt per request; send the prompts separately", "prompt")
+        ids = _token_ids(prompt, ctx, "prompt")
+    else:
+        raise BadRequest(f"'prompt' must be a string or an array of token ids, got {_describe(prompt)}", "prompt")
+    return _common(body, ctx, "completion", ids, default_max=16)  # 16: the OpenAI/vLLM completions default
+
+
+def _message_text(message: Any, index: int) -> tuple[str, str]:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise BadRequest(f"{where} must be an object with 'role' and 'content', got {_describe(message)}", "messages")
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise BadRequest(f"{where}.role must be one of {sorted(CHAT_ROLES)}, got {_describe(role)}", "messages")
+    content = message.get("content")
+    if content is None and role == "assistant":
+        content = ""
+    if isinstance(content, list):  # content parts: only text is supported here
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise BadRequest(f"{where}.content parts must be {{'type': 'text', 'text': ...}}", "messages")
+            texts.append(part["text"])
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise BadRequest(f"{where}.content must be a string or text parts, got {_describe(content)}", "messages")
+    return role, content
+
+
+def render_chat(tokenizer, messages: list[tuple[str, str]]) -> list[int]:
+    """Prompt ids for a conversation: the tokenizer's chat template, or a plain fallback format."""
+    if getattr(tokenizer, "chat_template", None):
+        conversation = [{"role": role, "content": content} for role, content in messages]
+        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    text = "".join(f"<|{role}|>\n{content}\n" for role, content in messages) + "<|assistant|>\n"
+    return tokenizer(text, add_special_tokens=True, verbose=False).input_ids
+
+
+def parse_chat(body: dict, ctx: ServingContext) -> GenerationRequest:
+    """Validate a ``POST /v1/chat/completions`` body (raises BadRequest)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty array of {'role', 'content'} objects.", "messages")
+    parsed = [_message_text(message, i) for i, message in enumerate(messages)]
+    return _common(body, ctx, "chat", render_chat(ctx.tokenizer, parsed), default_max=None)
+
+
+# --- responses ------------------------------------------------------------------------------------
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class ChunkWriter:
+    """Formats one request's SSE chunks, fast: the constant parts of the JSON are built once.
+
+    One chunk per generated token (its text may be "" while a character is incomplete), the
+    last one with the finish reason; for chat a role chunk first. Identical in shape to vLLM's.
+    """
+
+    def __init__(self, request: GenerationRequest, request_id: str | None = None, created: int | None = None) -> None:
+        self.request = request
+        self.kind = request.kind
+        prefix = "cmpl-" if request.kind == "completion" else "chatcmpl-"
+        self.id = request_id or prefix + uuid.uuid4().hex
+        self.created = created or int(time.time())
+        obj = "text_completion" if request.kind == "completion" else "chat.completion.chunk"
+        head = {"id": self.id, "object": obj, "created": self.created, "model": request.model}
+        self._head = json.dumps(head, separators=(",", ":"))[:-1] + ',"choices":[{"index":0,'
+        self._usage_null = ',"usage":null' if request.include_usage and not request.continuous_usage else ""
+        self.prompt_tokens = len(request.prompt_ids)
+
+    def _usage(self, completion_tokens: int) -> str:
+        if self.request.continuous_usage:
+            return ',"usage":' + json.dumps(usage(self.prompt_tokens, completion_tokens), separators=(",", ":"))
+        return self._usage_null
+
+    def role_chunk(self) -> str:
+        """The chat stream's first chunk: the assistant role and empty content."""
+        return (
+            f'data: {self._head}"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]'
+            f"{self._usage(0)}}}\n\n"
+        )
+
+    def token_chunk(self, text: str, finish_reason: str | None, completion_tokens: int) -> str:
+        """The chunk of one generated token (``text`` may be "")."""
+        finish = "null" if finish_reason is None else f'"{finish_reason}"'
+        text_json = json.dumps(text, ensure_ascii=False)
+        if self.kind == "completion":
+            body = f'"text":{text_json},"logprobs":null,"finish_reason":{finish},"stop_reason":null}}]'
+        else:
+            body = f'"delta":{{"content":{text_json}}},"logprobs":null,"finish_reason":{finish}}}]'
+        return f"data: {self._head}{body}{self._usage(completion_tokens)}}}\n\n"
+
+    def usage_chunk(self, completion_tokens: int) -> str:
+        """The extra chunk before [DONE] when include_usage is set: no choices, the final usage."""
+        head = self._head.removesuffix('"choices":[{"index":0,')
+        total = json.dumps(usage(self.prompt_tokens, completion_tokens), separators=(",", ":"))
+        return f'data: {head}"choices":[],"usage":{total}}}\n\n'
+
+    def full_response(self, text: str, finish_reason: str | None, completion_tokens: int) -> dict:
+        """The non-streaming response body."""
+        if self.kind == "completion":
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+            obj = "text_completion"
+        else:
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            obj = "chat.completion"
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.request.model,
+            "choices": [choice],
+            "usage": usage(self.prompt_tokens, completion_tokens),
+        }
+
+
+def find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
+    """Index of the earliest stop string that ends at or after ``start`` in ``text``, or None."""
+    best = None
+    for stop in stops:
+        index = text.find(stop, max(0, start - len(stop) + 1))
+        if index != -1 and (best is None or index < best):
+            best = index
+    return best

@@ -263,13 +263,13 @@ def toy_roofline(**kwargs) -> RooflineCost:
 
 def test_roofline_cost_takes_the_slower_roof():
     cost = toy_roofline(attention_flops=False)
-    # decode of 10 tokens reading 100 cached ones: 20,000 FLOPs = 2 s; 2000 + 4 x 110 bytes = 2.44 s
-    assert cost.step_seconds(0, 10, 100) == pytest.approx(2.44)
-    # prefill of 100 tokens: 200,000 FLOPs = 20 s beats 2000 + 400 bytes = 2.4 s
+    # decode of 10 tokens reading 100 cached ones: 20,000 FLOPs = 2 s; 2000 + 4 x 100 bytes = 2.4 s
+    assert cost.step_seconds(0, 10, 100) == pytest.approx(2.4)
+    # prefill of 100 tokens: 200,000 FLOPs = 20 s beats 2000 bytes of weights = 2 s
     assert cost.step_seconds(100, 0, 0) == pytest.approx(20.0)
     with_attention = toy_roofline(attention_flops=True)
     assert with_attention.step_seconds(100, 0, 0, attention_pairs=5050) == pytest.approx(20.0 + 4 * 5050 / 1e4)
-    assert toy_roofline(step_overhead=0.5).step_seconds(0, 10, 100) == pytest.approx(2.94)
+    assert toy_roofline(step_overhead=0.5).step_seconds(0, 10, 100) == pytest.approx(2.9)
 
 
 def test_roofline_defaults_for_a_real_model_are_memory_bound_for_decode():

@@ -133,6 +133,11 @@ def test_fast_engine_matches_the_reference_exactly(work, config):
         assert result.preemptions == run.preemptions
         assert result.steps.used_blocks.tolist() == run.used_blocks
         assert [r.prefix_hit_tokens for r in result.requests] == [r.prefix_hit_tokens for r in run.requests]
+        as_result = run.result("reference", config.num_blocks, config.block_size)
+        assert [r.scheduled for r in as_result.requests] == [r.scheduled for r in result.requests]
+        assert [r.preempted for r in as_result.requests] == [r.preempted for r in result.requests]
+        assert as_result.steps.num_seqs.tolist() == result.steps.num_seqs.tolist()
+        assert as_result.steps.waiting.tolist() == result.steps.waiting.tolist()
 
 
 @settings(max_examples=80, deadline=None)

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from course.sim.results import RequestRecord, SimResult, StepLog
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
 
@@ -48,6 +49,8 @@ class SimRequest:
     block_hashes: list = field(default_factory=list)
     prefix_hit_tokens: int = 0
     error: str | None = None
+    scheduled_times: list[float] = field(default_factory=list)  # admissions to the batch (s)
+    preempted_times: list[float] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -95,6 +98,8 @@ class HarnessRun:
     step_loads: list[tuple[int, int, int, int]]  # (prefill, decode, kv read, attention pairs)
     used_blocks: list[int]
     rejected: list[str]
+    step_seqs: list[int] = field(default_factory=list)
+    step_waiting: list[int] = field(default_factory=list)
 
     @property
     def traces(self) -> list[RequestTrace]:
@@ -103,6 +108,38 @@ class HarnessRun:
     @property
     def preemptions(self) -> int:
         return sum(request.preemptions for request in self.requests)
+
+    def result(self, name: str, num_blocks: int, block_size: int) -> SimResult:
+        """The run as a :class:`course.sim.SimResult`, for its summary, goodput and plots."""
+        import numpy as np
+
+        loads = np.array(self.step_loads, dtype=float).reshape(-1, 4)
+        steps = StepLog(
+            start=np.array(self.step_starts),
+            end=np.array(self.step_ends),
+            prefill_tokens=loads[:, 0].astype(np.int64),
+            decode_tokens=loads[:, 1].astype(np.int64),
+            kv_tokens_read=loads[:, 2].astype(np.int64),
+            attention_pairs=loads[:, 3],
+            num_seqs=np.array(self.step_seqs, dtype=np.int64),
+            used_blocks=np.array(self.used_blocks, dtype=np.int64),
+            waiting=np.array(self.step_waiting, dtype=np.int64),
+        )
+        records = [
+            RequestRecord(
+                request_id=r.request_id,
+                arrival_time=r.arrival_time,
+                prompt_tokens=r.prompt_tokens,
+                output_tokens=r.output_tokens,
+                token_times=np.array(r.token_times, dtype=float),
+                scheduled=list(r.scheduled_times),
+                preempted=list(r.preempted_times),
+                prefix_hit_tokens=r.prefix_hit_tokens,
+                error=r.error,
+            )
+            for r in self.requests
+        ]
+        return SimResult(name, records, steps, num_blocks, block_size)
 
 
 def step_load(scheduled: Iterable[tuple[SimRequest, int]]) -> tuple[int, int, int, int]:
@@ -173,7 +210,15 @@ def run(
                 return result
             now = max(now, requests[next_arrival].arrival_time)
             continue
+        in_batch = {id(request): (request, request.preemptions) for request in running}
+        queued = len(waiting)
         scheduled = step(running, waiting, blocks)
+        for request, preemptions in in_batch.values():
+            if request.preemptions > preemptions:
+                request.preempted_times.append(now)
+        for request, _ in scheduled:
+            if id(request) not in in_batch:
+                request.scheduled_times.append(now)
         if not scheduled:
             raise RuntimeError(
                 f"the step scheduled nothing at t={now:.6g} s with {len(running)} running and {len(waiting)} "
@@ -183,6 +228,8 @@ def run(
         result.step_starts.append(now)
         result.step_loads.append(load)
         result.used_blocks.append(blocks.num_blocks - blocks.num_free_blocks)
+        result.step_seqs.append(len(scheduled))
+        result.step_waiting.append(queued)
         now = now + cost.step_seconds(*load)
         result.step_ends.append(now)
         finished = []

@@ -443,9 +443,9 @@ class Engine:
             request.first_token_time = now
             if not self._emit(request, token):
                 keep.append(row)
-        self._flush()
         if keep:
             self._join(prompt_cache, keep, [lengths[i] for i in keep], [tokens[i] for i in keep], requests)
+        self._flush()
 
     def _decode(self, rows: list[EngineRequest]) -> None:
         """One decode step for every running request."""
@@ -469,9 +469,9 @@ class Engine:
                 request.steps_after_abort += 1
             if self._emit(request, token):
                 leaving.append(row)
-        self._flush()
         self._next = torch.tensor(tokens, dtype=torch.long, device=self._next.device).unsqueeze(1)
-        self._drop_rows(leaving)
+        self._drop_rows(leaving)  # free the cache before the finished requests hear about it
+        self._flush()
 
     def _sample(self, logits, requests: list[EngineRequest]) -> list[int]:
         """Greedy for temperature 0, else temperature + top-p sampling, row by row. logits: (rows, vocab)."""

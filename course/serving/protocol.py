@@ -345,10 +345,10 @@ class ChunkWriter:
 
 
 def find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
-    """Index of the earliest stop string that ends at or after ``start`` in ``text``, or None."""
+    """Index of the earliest stop string that begins at or after ``start`` in ``text``, or None."""
     best = None
     for stop in stops:
-        index = text.find(stop, max(0, start - len(stop) + 1))
+        index = text.find(stop, start)
         if index != -1 and (best is None or index < best):
             best = index
     return best

@@ -110,6 +110,7 @@ class _Generation:
             raise
         except ValueError as err:  # validated already; kept so a gap in validation is still a 400
             raise BadRequest(str(err)) from None
+        self.stop_holdback = max((len(stop) for stop in request.stop), default=1) - 1
         self.completion_tokens = 0
         self.emitted = 0  # characters of detok.text sent so far
         self.finish_reason: str | None = None
@@ -130,6 +131,8 @@ class _Generation:
                 text = text[:index]
                 self.finish_reason = "stop"
                 self.engine.abort(self.engine_request.request_id)
+            elif not finished:  # hold back what could be the start of a stop string (as vLLM does)
+                text = text[: max(self.emitted, len(text) - self.stop_holdback)]
         delta = text[self.emitted :]
         self.emitted = len(text)
         return delta

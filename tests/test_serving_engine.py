@@ -1,0 +1,159 @@
+"""The continuous-batching engine and the incremental detokenizer, without HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from course.models import load_tokenizer
+from course.serving.detok import IncrementalDetokenizer
+from course.serving.engine import Engine, SamplingParams
+from course.serving.testing import ForwardLog, chatty_tiny_model, greedy_reference
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Engine, server and clients share this process: spinning OpenMP workers would starve them."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def lm64():
+    # float64 so that batched and one-at-a-time arithmetic agree to the last greedy decision
+    return chatty_tiny_model(seed=3, dtype=torch.float64)
+
+
+def _workload(n: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    prompt_lengths = torch.randint(1, 48, (n,), generator=generator).tolist()
+    output_lengths = torch.randint(1, 24, (n,), generator=generator).tolist()
+    prompts = [torch.randint(4, 2048, (p,), generator=generator).tolist() for p in prompt_lengths]
+    return prompts, output_lengths
+
+
+@pytest.mark.parametrize("max_batch_size", [4, 64])
+def test_batched_greedy_output_equals_one_at_a_time(lm64, max_batch_size):
+    prompts, outputs = _workload(14, seed=max_batch_size)
+    expected = [greedy_reference(lm64, p, n) for p, n in zip(prompts, outputs)]
+    assert len({tuple(e[:3]) for e in expected}) > 5, "the test model should not repeat itself"
+    engine = Engine(lm64, max_batch_size=max_batch_size)
+    results = [None] * len(prompts)
+
+    def client(i: int) -> None:
+        time.sleep(0.004 * i)  # staggered: requests join and leave a running batch
+        results[i] = engine.generate(prompts[i], SamplingParams(max_tokens=outputs[i], ignore_eos=True))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    stats = engine.stats()
+    engine.stop()
+    assert results == expected
+    assert stats["mean_batch_size"] > 1.5, f"requests should have been decoded together: {stats}"
+    assert stats["cache_tokens"] == 0 and stats["unfinished"] == 0
+
+
+def test_one_at_a_time_mode_never_batches(lm64):
+    prompts, outputs = _workload(4, seed=1)
+    engine = Engine(lm64, max_batch_size=1)
+    requests = [engine.submit(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, outputs)]
+    results = [[e.token for e in r] for r in requests]
+    assert engine.stats()["mean_batch_size"] == 1.0
+    engine.stop()
+    assert results == [greedy_reference(lm64, p, n) for p, n in zip(prompts, outputs)]
+
+
+def test_prefill_once_then_one_token_per_decode_step(lm64):
+    engine = Engine(lm64)
+    with ForwardLog(lm64) as log:
+        engine.generate(list(range(10, 30)), SamplingParams(max_tokens=6, ignore_eos=True))
+    engine.stop()
+    assert log.shapes == [(1, 20)] + [(1, 1)] * 5
+
+
+def test_abort_stops_within_one_step_and_frees_the_cache(lm64):
+    engine = Engine(lm64)
+    long = engine.submit(list(range(10, 20)), SamplingParams(max_tokens=3000, ignore_eos=True))
+    other = engine.submit(list(range(40, 50)), SamplingParams(max_tokens=3000, ignore_eos=True))
+    for seen, _ in enumerate(long, start=1):
+        if seen == 5:
+            engine.abort(long.request_id)
+    assert long.finish_reason == "abort" and long.steps_after_abort <= 1
+    assert long.freed_step is not None and long.freed_step - long.abort_requested_step <= 1
+    assert len(long.output_ids) < 10
+    engine.abort(other.request_id)
+    list(other)
+    deadline = time.monotonic() + 5
+    while engine.cache_tokens() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.cache_tokens() == 0 and engine.num_unfinished == 0
+    engine.stop()
+
+
+def test_eos_stops_unless_ignored():
+    lm = chatty_tiny_model(seed=5)
+    engine = Engine(lm)
+    prompt = list(range(100, 110))
+    free_run = greedy_reference(lm, prompt, 8)
+    stop_at = free_run[3]  # pretend the 4th token is a stop token
+    stopped = engine.submit(prompt, SamplingParams(max_tokens=8, stop_token_ids=(stop_at,)))
+    events = list(stopped)
+    assert events[-1].finish_reason == "stop" and len(stopped.output_ids) == free_run.index(stop_at) + 1
+    full = engine.submit(prompt, SamplingParams(max_tokens=8))
+    assert [e.finish_reason for e in full][-1] == "length"
+    engine.stop()
+
+
+def test_a_failing_forward_pass_fails_its_requests_not_the_engine(lm64, monkeypatch):
+    engine = Engine(lm64)
+    original = engine._decode
+    calls = {"n": 0}
+
+    def flaky(rows):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated out of memory")
+        return original(rows)
+
+    monkeypatch.setattr(engine, "_decode", flaky)
+    broken = engine.submit([5, 6, 7], SamplingParams(max_tokens=10, ignore_eos=True))
+    events = list(broken)
+    assert events[-1].finish_reason == "error" and "simulated out of memory" in events[-1].error
+    assert engine.generate([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True)) == greedy_reference(
+        lm64, [5, 6, 7], 4
+    )
+    engine.stop()
+
+
+def test_sampling_is_seeded_and_validation_is_clear(lm64):
+    engine = Engine(lm64)
+    params = SamplingParams(max_tokens=6, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
+    assert engine.generate([9, 10, 11], params) == engine.generate([9, 10, 11], params)
+    with pytest.raises(ValueError, match="context"):
+        engine.submit([1] * 10, SamplingParams(max_tokens=engine.max_model_len))
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.submit([], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    engine.stop()
+
+
+def test_detokenizer_never_emits_broken_utf8_and_loses_nothing():
+    tokenizer = load_tokenizer()
+    text = "naïve café ✓ 日本語 — ok 🙂 end"
+    ids = tokenizer(text).input_ids
+    assert any("\ufffd" in tokenizer.decode([i]) for i in ids), "the text should split characters across tokens"
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids=tokenizer("prompt:").input_ids)
+    deltas = [detok.push(i) for i in ids]
+    deltas.append(detok.flush())
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == text == detok.text
+    assert "" in deltas, "some tokens complete no character and must emit nothing"

@@ -197,9 +197,10 @@ def get_model(spec: str | Path | dict | ModelGeometry, num_params: int | None = 
         return from_hf_config(spec, num_params=num_params or count_params(spec))
     path = Path(spec)
     if path.suffix == ".json" or path.is_dir() or path.exists():
-        if not (path.exists() or (path / "config.json").exists()):
-            raise ValueError(f"model: no such config.json {str(spec)!r}")
-        cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+        file = path / "config.json" if path.is_dir() else path
+        if not file.is_file():
+            raise ValueError(f"model: no such config.json {str(file)!r}")
+        cfg = json.loads(file.read_text())
         name = cfg.get("_name_or_path") or (path.stem if path.is_file() else path.name)
         g = from_hf_config(cfg, name=name, num_params=num_params or count_params(cfg))
         return _replace(g, source=str(path))

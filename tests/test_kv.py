@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -364,6 +365,7 @@ def test_config_readers_for_other_layouts(tmp_path):
         (lambda: kv.budget("Llama-3-8B", "H100", weight_dtype="fp6"), "weight_dtype: unknown 'fp6'"),
         (lambda: kv.get_model("Llama-9"), "model: unknown 'Llama-9'; catalogue models: Llama-2-7B"),
         (lambda: kv.get_model("/nonexistent/config.json"), "model: no such config.json"),
+        (lambda: kv.get_model(Path(__file__).parent), "model: no such config.json"),
         (lambda: geometry.from_hf_config({"num_hidden_layers": 2, "hidden_size": 64}), "'num_attention_heads'"),
         (lambda: geometry.from_hf_config({"n_layer": 2, "n_head": 3, "n_embd": 64}), "not a multiple of"),
         (

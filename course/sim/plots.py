@@ -136,3 +136,22 @@ def step_load(result: SimResult, ax=None, start: float | None = None, end: float
     )
     plotting.legend_outside(ax)
     return ax
+
+
+def step_times(
+    results: SimResult | Mapping[str, SimResult], ax=None, start: float | None = None, end: float | None = None
+):
+    """How long each step took (ms) against when it started: a running stream waits this long per token."""
+    ax = plotting.new_figure("Duration of each engine step", "time (s)", "step duration (ms)", ax=ax)
+    for color, (label, result) in zip(PALETTE * 4, _as_runs(results).items()):
+        steps = result.steps
+        keep = np.ones(len(steps), dtype=bool)
+        if start is not None:
+            keep &= steps.end >= start
+        if end is not None:
+            keep &= steps.start <= end
+        ax.step(steps.start[keep], steps.duration[keep] * 1e3, where="post", color=color, label=label, linewidth=1.5)
+    if start is not None or end is not None:
+        ax.set_xlim(start, end)
+    plotting.legend_outside(ax)
+    return ax

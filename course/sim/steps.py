@@ -9,7 +9,9 @@
   Then, only if nothing was preempted in this step, WAITING requests are admitted in order while
   ``max_num_seqs`` and the budget allow; the first that does not get its blocks stops admission
   (head-of-line blocking). With chunked prefill a prompt larger than the remaining budget is cut to
-  fit; without it, admission stops at a prompt that does not fit whole.
+  fit; without it, admission stops at a prompt that does not fit whole (vLLM's main branch; 0.11
+  skipped that request instead; with chunked prefill off vLLM sets the budget to ``max_model_len``,
+  so either way only an oversized resumed request can meet this).
 * :func:`prefill_first_step`: vLLM V0's default scheduler (``vllm/core/scheduler.py`` in 0.6.x,
   chunked prefill off): "it batches as many prefill requests as possible. And it schedules
   decodes." A step is all prefill or all decode, never mixed, so every new prompt stalls every
@@ -52,6 +54,14 @@ def _prefix_hits(request: SimRequest, blocks) -> list[int]:
     if not getattr(blocks, "enable_prefix_caching", False) or not request.block_hashes:
         return []
     return blocks.lookup(request.block_hashes, (request.num_tokens - 1) // blocks.block_size)
+
+
+def _allocate(blocks, request: SimRequest, num_tokens: int, hits: list[int]) -> bool:
+    # Without hits, call allocate(request_id, num_tokens) only, so any block manager with the
+    # basic interface (exercise 3.2's) works with these steps.
+    if hits:
+        return blocks.allocate(request.request_id, num_tokens, hits)
+    return blocks.allocate(request.request_id, num_tokens)
 
 
 def _register(request: SimRequest, n: int, blocks) -> None:
@@ -118,7 +128,7 @@ def continuous_step(
         if not chunked_prefill and n > budget:
             break
         n = min(n, budget)
-        if not blocks.allocate(request.request_id, computed + n, hits):
+        if not _allocate(blocks, request, computed + n, hits):
             break  # head-of-line blocking: later requests wait too
         waiting.popleft()
         running.append(request)
@@ -156,7 +166,7 @@ def prefill_first_step(
         new_blocks = cdiv(computed + n, blocks.block_size) - len(hits)
         if blocks.num_free_blocks - new_blocks < watermark_blocks:
             break
-        if not blocks.allocate(request.request_id, computed + n, hits):
+        if not _allocate(blocks, request, computed + n, hits):
             break
         waiting.popleft()
         running.append(request)

@@ -1,0 +1,151 @@
+"""The course's nbgrader preprocessors: resilient execution, forgery-proof scores, feedback that keeps
+hidden tests hidden. Configured by :func:`autograder.sandbox.nbgrader_settings` (grading) and
+:mod:`autograder.feedback` (feedback)."""
+
+from __future__ import annotations
+
+import html
+
+from nbformat import NotebookNode
+from nbgrader import utils
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
+
+from autograder import execution
+
+# Output types feedback keeps. HTML, JavaScript and SVG from student code could script the page that
+# the learner or the instructor opens, so feedback shows text and bitmap images only.
+SAFE_MIMETYPES = ("text/plain", "image/png", "image/jpeg")
+
+
+class ResilientExecute(execution.ResilientExecution, Execute):
+    """nbgrader's Execute that survives dead and stuck kernels and records what happened."""
+
+    def preprocess(self, nb, resources=None, km=None):
+        nb, resources = super().preprocess(nb, resources, km)
+        events = []
+        for event in self.grading_events:
+            index = event["cell"]
+            cell = nb.cells[index] if 0 <= index < len(nb.cells) else None
+            grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") if cell is not None else None
+            events.append({**event, "grade_id": grade_id})
+        nb.metadata.setdefault("autograder", {})["events"] = events
+        return nb, resources
+
+
+class CourseSaveAutoGrades(SaveAutoGrades):
+    """SaveAutoGrades with the course's rule: a test cell scores its points unless it raised.
+
+    nbgrader would also read a numeric last expression as partial credit, which student code can
+    forge by publishing an ``execute_result`` from inside a test; the course's tests never use it.
+    """
+
+    def _add_score(self, cell: NotebookNode, resources) -> None:
+        grade = self.gradebook.find_grade(
+            cell.metadata["nbgrader"]["grade_id"], self.notebook_id, self.assignment_id, self.student_id
+        )
+        if utils.is_solution(cell) or cell.cell_type != "code":
+            grade.auto_score, _ = utils.determine_grade(cell, self.log)  # manually graded cells: nbgrader's rule
+        else:
+            grade.auto_score = execution.cell_score(cell, float(cell.metadata["nbgrader"]["points"]))
+        grade.needs_manual_grade = grade.manual_score is not None or grade.auto_score is None
+        self.gradebook.db.commit()
+
+
+class SafeFeedback(NbGraderPreprocessor):
+    """Prepare an autograded notebook for the learner's eyes.
+
+    * test cells lose their hidden-test lines; when such a cell failed, its outputs are replaced by
+      one line that says whether a visible or a hidden test failed and with which message, never
+      the hidden code or a traceback through it;
+    * outputs that could run script in the page (HTML, JavaScript, SVG, widgets) become text;
+    * a summary cell at the top lists the score per exercise and what the grader did (repairs,
+      timeouts, restarted kernels, truncated output).
+    """
+
+    def preprocess(self, nb, resources):
+        self._scores: dict[str, list[float]] = {}
+        nb, resources = super().preprocess(nb, resources)
+        nb.cells.insert(0, NotebookNode(cell_type="markdown", metadata={}, source=self._summary(nb, resources)))
+        return nb, resources
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type == "code":
+            if meta.get("grade") and not meta.get("solution"):
+                cell = self._test_cell(cell)
+                score = meta.get("score")
+                entry = self._scores.setdefault(_exercise(meta.get("grade_id", "")), [0.0, 0.0])
+                entry[0] += float(score or 0)
+                entry[1] += float(meta.get("points") or 0)
+            cell.outputs = [_safe_output(output) for output in cell.outputs]
+        return cell, resources
+
+    def _test_cell(self, cell):
+        source = cell.source
+        if not execution.hidden_region(source):
+            return cell
+        errors = [output for output in cell.outputs if output.get("output_type") == "error"]
+        cell.source = execution.without_hidden_tests(source)
+        if errors:
+            summary = execution.hidden_test_summary(errors[-1], source, cell.get("execution_count"))
+            cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=summary + "\n")]
+        else:
+            cell.outputs = []
+        return cell
+
+    def _summary(self, nb, resources) -> str:
+        info = resources.get("nbgrader", {})
+        score, maximum = info.get("score"), info.get("max_score")
+        lines = ["## Grading summary", ""]
+        if score is not None and maximum is not None:
+            lines += [f"**Score: {_number(score)} / {_number(maximum)}**", ""]
+        if self._scores:
+            lines += ["| exercise | score |", "|---|---|"]
+            lines += [f"| {html.escape(ex)} | {_number(s)} / {_number(m)} |" for ex, (s, m) in self._scores.items()]
+            lines.append("")
+        notes = grading_notes(nb)
+        if notes:
+            lines += ["**What the grader did with your notebook:**", ""]
+            lines += [f"* {html.escape(note)}" for note in notes]
+            lines.append("")
+        lines.append(
+            "Test cells show their visible tests only. When a hidden test fails, the cell says so and shows the "
+            "test's message, never its code."
+        )
+        return "\n".join(lines)
+
+
+def grading_notes(nb) -> list[str]:
+    """What collect, repair and the grader did to a notebook, as sentences for the learner."""
+    record = nb.metadata.get("autograder", {})
+    notes = list(record.get("collect", [])) + list(record.get("repair", [])) + list(record.get("grade", []))
+    for event in record.get("events", []):
+        where = event.get("grade_id") or f"#{event.get('cell')}"
+        notes.append(f"Cell {where}: {event.get('detail')}.")
+    return notes
+
+
+def _exercise(grade_id: str) -> str:
+    from autograder.notebooks import exercise_of
+
+    try:
+        return exercise_of(grade_id)
+    except ValueError:
+        return grade_id
+
+
+def _number(value) -> str:
+    return f"{float(value):g}"
+
+
+def _safe_output(output):
+    """Keep text and bitmaps; turn anything that could carry script into its text form."""
+    if output.get("output_type") not in ("display_data", "execute_result"):
+        return output
+    data = output.get("data", {})
+    kept = {key: value for key, value in data.items() if key in SAFE_MIMETYPES}
+    if not kept:
+        kept = {"text/plain": f"[{', '.join(sorted(data)) or 'empty'} output not shown in feedback]"}
+    output["data"] = kept
+    output["metadata"] = {}
+    return output

@@ -1,0 +1,428 @@
+"""Autograde one student in a throwaway sandbox: bubblewrap around nbgrader and its kernel.
+
+Each job is one student's submission of one assignment. The host side (:func:`run_job`) stages the
+job's inputs in a private folder and starts ``python -m autograder.sandbox run-job`` inside
+bubblewrap; that entry point (:func:`run_job_inside`) builds a one-student nbgrader course in a
+size-limited tmpfs, runs ``nbgrader autograde`` for that student, and writes the graded notebook
+and the scores to an output folder. The host then merges them into the real gradebook.
+
+What the sandbox gives student code (the kernel):
+
+* no network: a new network namespace with only its own loopback (nbgrader talks to the kernel over
+  it; the host's loopback and every other interface are out of reach);
+* no solutions, no gradebook: the file system holds only the system, the Python environment and the
+  course library, read-only; ``solutions/``, the real gradebook and other students' work are not
+  mounted. nbgrader's own copy of this student's gradebook (which holds the hidden tests) is
+  root-only, while the kernel runs as an unprivileged user of its own (see :mod:`autograder.kernel`);
+* limits: address space, CPU seconds, processes, file size and open files per kernel; size-limited
+  tmpfs for every writable place; a per-cell timeout; a wall-clock limit for the whole job, after
+  which the whole process tree is killed;
+* no view of other processes (a new PID namespace), no host environment variables.
+
+Without bubblewrap (``sandbox="none"``: another OS, or not root) the same job runs unconfined,
+with the same resilient execution and resource limits but none of the isolation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from autograder.config import CELL_TIMEOUT_S, configure
+
+KERNEL_NAME = "autograder-sandbox"
+# Grading slot n runs its kernel as uid SANDBOX_UID_BASE + n: an id that no account uses, and a
+# different one per parallel slot so that the process limit counts one student's processes only.
+SANDBOX_UID_BASE = 2_100_000_000
+MAX_NOTEBOOK_BYTES = 256 * 2**20
+GiB = 2**30
+MiB = 2**20
+
+
+@dataclass
+class Limits:
+    """Resource limits of one grading job (every value is per student)."""
+
+    cell_timeout_s: int = CELL_TIMEOUT_S  # per cell, then the kernel is interrupted
+    job_timeout_s: int = 1800  # the whole nbgrader run, then everything is killed
+    memory_bytes: int = 4 * GiB  # kernel address space (RLIMIT_AS)
+    cpu_seconds: int = 1200  # kernel CPU time (RLIMIT_CPU), counted per kernel process
+    processes: int = 256  # processes and threads of the kernel's user (RLIMIT_NPROC)
+    file_size_bytes: int = 64 * MiB  # largest file the kernel may write (RLIMIT_FSIZE)
+    open_files: int = 1024
+    disk_bytes: int = 512 * MiB  # size of each writable tmpfs in the sandbox
+    output_chars: int = 200_000  # output kept per cell
+    max_kernel_restarts: int = 4  # after crashes or stuck cells, per notebook
+    threads: int = 0  # OMP/MKL/torch threads of the kernel; 0: the CPU count divided by the workers
+
+
+@dataclass
+class Job:
+    """One student's submission of one assignment, ready to grade."""
+
+    assignment: str
+    student: str
+    notebooks: dict[str, str]  # notebook file name -> path of the submitted file on the host
+    template_db: str  # sqlite gradebook holding just this assignment (made from solutions/)
+    extra_files: str | None = None  # folder of the assignment's non-notebook files, if any
+    timestamp: str | None = None
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass
+class JobResult:
+    """What grading one student produced; ``status`` is "graded", "failed" or "timeout"."""
+
+    student: str
+    status: str
+    message: str = ""
+    grades: dict[str, dict] = field(default_factory=dict)  # notebook -> grade_id -> {score, max_score, ...}
+    comments: dict[str, dict] = field(default_factory=dict)  # notebook -> grade_id -> auto comment
+    autograded: dict[str, str] = field(default_factory=dict)  # notebook -> graded notebook path on the host
+    log: str = ""
+    seconds: float = 0.0
+
+
+# --- host side ----------------------------------------------------------------------------------
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """Why the bubblewrap sandbox cannot be used here (None when it can)."""
+    if sys.platform != "linux":
+        return "the grading sandbox needs Linux (bubblewrap)"
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    if os.geteuid() != 0:
+        return (
+            "the grading sandbox runs each kernel as an unprivileged user of its own, which needs root: "
+            "run the grader as root (in a container or VM), or pass --sandbox none for trusted notebooks"
+        )
+    probe = subprocess.run(
+        ["bwrap", "--unshare-net", "--unshare-pid", "--die-with-parent", "--ro-bind", "/", "/", "--", "true"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return f"bubblewrap does not work here: {probe.stderr.strip() or probe.returncode}"
+    return None
+
+
+def resolve_sandbox(mode: str) -> str:
+    """ "bwrap" or "none" for a requested mode "auto", "bwrap" or "none"."""
+    if mode not in {"auto", "bwrap", "none"}:
+        raise ValueError(f"sandbox must be auto, bwrap or none, not {mode!r}")
+    if mode == "none":
+        return "none"
+    problem = bwrap_problem()
+    if problem and mode == "bwrap":
+        raise RuntimeError(f"cannot sandbox the grading: {problem}")
+    return "none" if problem else "bwrap"
+
+
+def _package_dirs() -> list[str]:
+    import autograder
+    import course
+
+    return sorted({str(Path(module.__file__).resolve().parent) for module in (autograder, course)})
+
+
+def _bwrap_command(job_dir: Path, limits: Limits) -> list[str]:
+    command = ["bwrap", "--die-with-parent", "--new-session", "--unshare-net", "--unshare-pid", "--unshare-ipc"]
+    command += ["--unshare-uts", "--unshare-cgroup-try", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            command += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            command += ["--ro-bind", top, top]
+    mounted = ["/usr"]
+    for path in sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), *_package_dirs()}):
+        if not any(path == m or path.startswith(m + "/") for m in mounted):
+            mounted.append(path)
+    created = set()
+    for path in mounted[1:]:
+        # bwrap would create the parents of a mount point as 0700 root: the kernel's user could not
+        # walk through them to the Python installation.
+        for parent in reversed(Path(path).parents[:-1]):
+            if str(parent) not in created and str(parent) not in {"/usr", "/etc"}:
+                command += ["--perms", "0755", "--dir", str(parent)]
+                created.add(str(parent))
+        command += ["--ro-bind", path, path]
+    size = str(limits.disk_bytes)
+    command += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
+    command += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
+    command += ["--perms", "0755", "--size", size, "--tmpfs", "/grading"]
+    command += ["--ro-bind", str(job_dir / "in"), "/input", "--bind", str(job_dir / "out"), "/output"]
+    command += ["--chdir", "/grading", "--"]
+    return command
+
+
+def _clean_env(limits: Limits) -> dict[str, str]:
+    """The environment inside the sandbox: nothing of the host's except the course's quiet settings."""
+    env = {
+        "PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": "/tmp/home",
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLBACKEND": "Agg",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "TOKENIZERS_PARALLELISM": "false",
+        "COURSE_QUICK": "1",
+    }
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[name] = str(max(1, limits.threads))
+    return env
+
+
+def run_job(job: Job, job_dir: Path, slot: int = 0, sandbox: str = "bwrap") -> JobResult:
+    """Grade one student in ``job_dir`` (a fresh folder), sandboxed or not; never raises for student faults."""
+    started = time.perf_counter()
+    job_dir = Path(job_dir)
+    inbox, outbox = job_dir / "in", job_dir / "out"
+    for folder in (job_dir, inbox, outbox):
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+    shutil.copyfile(job.template_db, inbox / "gradebook.db")
+    (inbox / "submitted").mkdir(exist_ok=True)
+    for name, path in job.notebooks.items():
+        shutil.copyfile(path, inbox / "submitted" / name)
+    if job.extra_files and Path(job.extra_files).is_dir():
+        shutil.copytree(job.extra_files, inbox / "extra", dirs_exist_ok=True)
+    spec = {
+        "assignment": job.assignment,
+        "student": job.student,
+        "notebooks": sorted(job.notebooks),
+        "timestamp": job.timestamp,
+        "limits": asdict(job.limits),
+        "uid": SANDBOX_UID_BASE + slot if sandbox == "bwrap" else None,
+        "python": sys.executable,
+    }
+    (inbox / "job.json").write_text(json.dumps(spec))
+    entry = [sys.executable, "-m", "autograder.sandbox", "run-job"]
+    if sandbox == "bwrap":
+        command = _bwrap_command(job_dir, job.limits) + entry + ["/input", "/grading", "/output"]
+    else:
+        (job_dir / "work").mkdir(exist_ok=True)
+        command = entry + [str(inbox), str(job_dir / "work"), str(outbox)]
+    env = _clean_env(job.limits)
+    if sandbox == "none":
+        env["HOME"] = str(job_dir / "home")
+        env["TMPDIR"] = str(job_dir / "tmp")
+        for folder in (env["HOME"], env["TMPDIR"]):
+            os.makedirs(folder, exist_ok=True)
+    log_path = job_dir / "entry.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            process.wait(timeout=job.limits.job_timeout_s + 60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    result_path = outbox / "result.json"
+    if result_path.is_file():
+        data = json.loads(result_path.read_text())
+        result = JobResult(student=job.student, **data)
+        result.autograded = {
+            name: str(outbox / "autograded" / name)
+            for name in result.autograded
+            if (outbox / "autograded" / name).is_file()
+        }
+    else:
+        result = JobResult(
+            student=job.student,
+            status="timeout" if process.returncode in (-signal.SIGKILL, 137) else "failed",
+            message=f"grading did not finish within {job.limits.job_timeout_s} s"
+            if process.returncode in (-signal.SIGKILL, 137)
+            else f"the grading process stopped unexpectedly (exit code {process.returncode})",
+        )
+    result.log = _tail(log_path) + ("\n" + _tail(outbox / "nbgrader.log") if (outbox / "nbgrader.log").exists() else "")
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _tail(path: Path, limit: int = 20_000) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - limit))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+# --- inside the sandbox -------------------------------------------------------------------------
+
+CONFIG_TEMPLATE = """\
+import json, os
+from autograder.sandbox import nbgrader_settings
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "job.json")) as spec:
+    nbgrader_settings(get_config(), json.load(spec), os.path.dirname(os.path.abspath(__file__)))
+"""
+
+
+def nbgrader_settings(c, spec: dict, root: str) -> None:
+    """nbgrader configuration of a grading job: the course's settings plus resilient execution."""
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput
+
+    from autograder.nbgrader_ext import CourseSaveAutoGrades, ResilientExecute
+
+    limits = Limits(**spec["limits"])
+    configure(c, root=root, db_url=f"sqlite:///{os.path.join(root, 'gradebook.db')}")
+    c.Execute.timeout = limits.cell_timeout_s
+    c.Execute.kernel_name = KERNEL_NAME
+    c.Execute.shutdown_kernel = "immediate"
+    c.Execute.error_on_timeout = {
+        "ename": "CellTimeoutError",
+        "evalue": f"the cell ran longer than {limits.cell_timeout_s} s and was interrupted",
+        "traceback": [f"CellTimeoutError: the cell ran longer than {limits.cell_timeout_s} s and was interrupted"],
+    }
+    c.ResilientExecute.max_kernel_restarts = limits.max_kernel_restarts
+    c.ResilientExecute.max_output_chars = limits.output_chars
+    c.Autograde.autograde_preprocessors = [
+        ResilientExecute,
+        IgnorePattern,
+        ClearMetadataPreprocessor,
+        LimitOutput,
+        CourseSaveAutoGrades,
+        AssignLatePenalties,
+        CheckCellMetadata,
+    ]
+
+
+def _kernelspec(spec: dict, root: Path) -> Path:
+    limits = Limits(**spec["limits"])
+    kernel_limits = {
+        "address_space_bytes": limits.memory_bytes,
+        "cpu_seconds": limits.cpu_seconds,
+        "processes": limits.processes,
+        "file_size_bytes": limits.file_size_bytes,
+        "open_files": limits.open_files,
+    }
+    env = {"AUTOGRADER_KERNEL_LIMITS": json.dumps(kernel_limits)}
+    if spec.get("uid"):
+        env["AUTOGRADER_KERNEL_UID"] = str(spec["uid"])
+    folder = root / "jupyter" / "kernels" / KERNEL_NAME
+    folder.mkdir(parents=True, exist_ok=True)
+    kernel = {
+        "argv": [spec["python"], "-m", "autograder.kernel", "-f", "{connection_file}"],
+        "display_name": "Python 3 (grading sandbox)",
+        "language": "python",
+        "interrupt_mode": "signal",
+        "env": env,
+    }
+    (folder / "kernel.json").write_text(json.dumps(kernel))
+    return root / "jupyter"
+
+
+def run_job_inside(inbox: Path, work: Path, outbox: Path) -> int:
+    """Build a one-student course in ``work``, autograde it, write result.json to ``outbox``."""
+    os.umask(0o077)  # everything nbgrader writes (gradebook, restored notebook) is root-only
+    spec = json.loads((inbox / "job.json").read_text())
+    assignment, student = spec["assignment"], spec["student"]
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(inbox / "gradebook.db", work / "gradebook.db")
+    (work / "job.json").write_text(json.dumps(spec))
+    (work / "nbgrader_config.py").write_text(CONFIG_TEMPLATE)
+    source = work / "solutions" / assignment
+    source.mkdir(parents=True, exist_ok=True)
+    if (inbox / "extra").is_dir():
+        shutil.copytree(inbox / "extra", source, dirs_exist_ok=True)
+    submitted = work / "submitted" / student / assignment
+    submitted.mkdir(parents=True, exist_ok=True)
+    for name in spec["notebooks"]:
+        shutil.copyfile(inbox / "submitted" / name, submitted / name)
+    if spec.get("timestamp"):
+        (submitted / "timestamp.txt").write_text(spec["timestamp"])
+    os.environ["JUPYTER_PATH"] = str(_kernelspec(spec, work))
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(work / "runtime")
+    os.environ["JUPYTER_CONFIG_DIR"] = str(work / "jupyter-config")
+    os.makedirs(os.environ.get("HOME", "/tmp/home"), exist_ok=True)
+    # nbgrader runs in this process (importing it twice would cost seconds per student); the host
+    # enforces the wall-clock limit by killing the whole sandbox.
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
+
+    config = Config()
+    nbgrader_settings(config, spec, str(work))
+    os.chdir(work)
+    api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+    outcome = api.autograde(assignment, student, force=True, create=True)
+    (outbox / "nbgrader.log").write_text((outcome.get("log") or "") + "\n" + (outcome.get("error") or ""))
+    status, message = "graded", ""
+    graded_dir = work / "autograded" / student / assignment
+    autograded = {}
+    (outbox / "autograded").mkdir(exist_ok=True)
+    for name in spec["notebooks"]:
+        path = graded_dir / name
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        # Only a regular file that nbgrader (root) wrote, of sane size: never a link planted by the kernel.
+        if (
+            path.is_file()
+            and not path.is_symlink()
+            and info.st_uid == os.geteuid()
+            and info.st_size < MAX_NOTEBOOK_BYTES
+        ):
+            shutil.copyfile(path, outbox / "autograded" / name)
+            autograded[name] = name
+    if len(autograded) < len(spec["notebooks"]):
+        status = "failed"
+        message = "nbgrader could not grade the notebook; see the grading log"
+    grades, comments = _read_scores(work, assignment, student, spec["notebooks"]) if autograded else ({}, {})
+    result = {"status": status, "message": message, "grades": grades, "comments": comments, "autograded": autograded}
+    (outbox / "result.json").write_text(json.dumps(result))
+    return 0
+
+
+def _read_scores(work: Path, assignment: str, student: str, names: list[str]) -> tuple[dict, dict]:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    grades: dict[str, dict] = {}
+    comments: dict[str, dict] = {}
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gradebook:
+        for name in names:
+            notebook_id = Path(name).stem
+            try:
+                notebook = gradebook.find_submission_notebook(notebook_id, assignment, student)
+            except MissingEntry:
+                continue
+            grades[name] = {
+                grade.name: {
+                    "auto_score": grade.auto_score,
+                    "max_score": grade.max_score,
+                    "needs_manual_grade": grade.needs_manual_grade,
+                }
+                for grade in notebook.grades
+            }
+            comments[name] = {comment.name: comment.auto_comment for comment in notebook.comments}
+    return grades, comments
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograder.sandbox", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    job = commands.add_parser("run-job", help="(inside the sandbox) grade the job staged in INPUT")
+    job.add_argument("input", type=Path)
+    job.add_argument("work", type=Path)
+    job.add_argument("output", type=Path)
+    args = parser.parse_args(argv)
+    return run_job_inside(args.input, args.work, args.output)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""Repair a submitted notebook so nbgrader can grade it: lost metadata, deleted cells, Colab's format.
+
+Students' notebooks reach the grader damaged in predictable ways: Colab saves nbformat 4.0 without
+cell ids and with its own metadata, "Save a copy" or copy and paste drops nbgrader's cell metadata,
+students delete or edit test cells, duplicate answer cells, or turn a cell into markdown. nbgrader
+then silently loses points (a cell without metadata is not graded) or refuses the notebook
+("Inconsistent checksums"). Every graded cell of the course starts with a marker comment
+(``# EXERCISE: <grade_id>`` or ``# TEST: <grade_id>``), so the cells can be recognised by content
+and their metadata restored from the *release* notebook (the student version in ``modules/``),
+which holds no solutions or hidden tests. nbgrader then restores every test cell's full source
+(hidden tests included) from the gradebook when it autogrades.
+
+:func:`repair` returns the repaired notebook and learner-facing notes of what was done; the notes
+travel in the notebook's metadata (``metadata.autograder.repair``) into the feedback.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+import nbformat
+from nbformat import NotebookNode
+
+from autograder import notebooks
+
+# Keys Colab adds; they mean nothing to Jupyter or nbgrader.
+COLAB_CELL_KEYS = ("id", "colab", "outputId", "executionInfo", "colab_type")
+COLAB_NOTEBOOK_KEYS = ("colab", "accelerator", "gpuClass", "widgets")
+_DEF = re.compile(r"^(?:async\s+)?(?:def|class)\s+([A-Za-z_]\w*)", re.MULTILINE)
+
+
+class UnreadableNotebook(ValueError):
+    """The file is not a notebook that can be read (the message says why)."""
+
+
+@dataclass
+class RepairResult:
+    notebook: NotebookNode
+    notes: list[str] = field(default_factory=list)  # what was repaired, in words for the learner
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.notes)
+
+
+def read_submission(raw: bytes | str) -> NotebookNode:
+    """Parse a submitted file; nbformat 3 and 4.x notebooks are upgraded to 4."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8-sig", errors="replace")
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise UnreadableNotebook(f"the file is not valid notebook JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(data, dict) or "cells" not in data and "worksheets" not in data:
+        raise UnreadableNotebook("the file is JSON but not a Jupyter notebook (no cells)")
+    try:
+        return nbformat.reads(json.dumps(data), as_version=4)
+    except Exception as err:  # nbformat raises several types for malformed notebooks
+        raise UnreadableNotebook(f"the notebook cannot be read by nbformat: {err}") from None
+
+
+def first_marker(cell) -> tuple[str, str] | None:
+    """("EXERCISE" | "TEST", grade_id) from the cell's first non-blank line (any cell type)."""
+    source = cell.get("source", "")
+    if isinstance(source, list):
+        source = "".join(source)
+    for line in source.split("\n"):
+        if line.strip():
+            match = notebooks.MARKER.match(line.strip())
+            return (match.group(1), match.group(2)) if match else None
+    return None
+
+
+def marked_ids(nb) -> set[str]:
+    """grade_ids a notebook carries, by marker or by metadata."""
+    found = {m[1] for m in map(first_marker, nb.cells) if m}
+    return found | {gid for gid in map(notebooks.grade_id, nb.cells) if gid}
+
+
+def _normalise_format(nb, release, notes: list[str]) -> None:
+    colab = "colab" in nb.metadata or any(
+        key in cell.get("metadata", {}) for cell in nb.cells for key in ("colab", "id", "outputId", "executionInfo")
+    )
+    old_minor = nb.get("nbformat_minor", 0)
+    for key in COLAB_NOTEBOOK_KEYS:
+        nb.metadata.pop(key, None)
+    for key in ("kernelspec", "language_info"):
+        if key in release.metadata:
+            nb.metadata[key] = copy.deepcopy(release.metadata[key])
+    seen: set[str] = set()
+    missing_ids = 0
+    for cell in nb.cells:
+        for key in COLAB_CELL_KEYS:
+            cell.get("metadata", {}).pop(key, None)
+        cell_id = cell.get("id")
+        if not isinstance(cell_id, str) or not re.fullmatch(r"[a-zA-Z0-9-_]{1,64}", cell_id) or cell_id in seen:
+            cell["id"] = uuid.uuid4().hex[:12]
+            missing_ids += 1
+        seen.add(cell["id"])
+        if cell.cell_type == "code":
+            # nbgrader clears outputs before grading anyway; dropping them here also drops any output
+            # Colab wrote in a shape nbformat would reject.
+            cell["outputs"], cell["execution_count"] = [], None
+        else:
+            cell.pop("outputs", None)
+            cell.pop("execution_count", None)
+    nb.nbformat, nb.nbformat_minor = 4, max(5, old_minor)
+    if colab or old_minor < 5 or missing_ids:
+        what = "Colab's notebook format" if colab else f"notebook format 4.{old_minor}"
+        notes.append(f"Converted {what} to nbformat 4.{nb.nbformat_minor} (cell ids added where missing).")
+
+
+def _as_code(cell) -> NotebookNode:
+    """A code cell with ``cell``'s source, id and metadata (a graded cell turned into markdown comes back)."""
+    return NotebookNode(
+        cell_type="code",
+        id=cell.get("id", uuid.uuid4().hex[:12]),
+        metadata=cell.get("metadata", {}),
+        source=cell.get("source", ""),
+        outputs=[],
+        execution_count=None,
+    )
+
+
+def _is_stub(cell, release_cell) -> bool:
+    return cell.get("source", "").strip() == release_cell.source.strip()
+
+
+def _visible_source(source: str) -> str:
+    from autograder.execution import without_hidden_tests
+
+    return "\n".join(line.rstrip() for line in without_hidden_tests(source).strip().split("\n"))
+
+
+def repair(submission: NotebookNode, release: NotebookNode) -> RepairResult:
+    """Restore the graded cells of ``submission`` from the ``release`` notebook.
+
+    Args:
+        submission: the learner's notebook (it is not modified; the result is a copy).
+        release: the student version of the assignment's notebook (modules/), with nbgrader metadata.
+    """
+    nb = copy.deepcopy(submission)
+    notes: list[str] = []
+    _normalise_format(nb, release, notes)
+    graded = [(notebooks.grade_id(cell), cell) for cell in release.cells if notebooks.grade_id(cell)]
+    release_ids = {gid for gid, _ in graded}
+
+    placed: dict[str, NotebookNode] = {}  # grade_id -> the submission cell now holding it
+    restored, edited, duplicates, adopted, added, retyped = [], [], [], [], [], []
+    for gid, release_cell in graded:
+        by_marker = [i for i, cell in enumerate(nb.cells) if (first_marker(cell) or ("", ""))[1] == gid]
+        by_meta = [
+            i for i, cell in enumerate(nb.cells) if notebooks.grade_id(cell) == gid and first_marker(cell) is None
+        ]
+        candidates = by_marker or by_meta
+        if len(candidates) > 1:
+            answered = [i for i in candidates if not _is_stub(nb.cells[i], release_cell)]
+            duplicates.append(gid)
+            candidates = answered or candidates
+        index = candidates[-1] if candidates else None
+        if index is None and notebooks.is_answer_cell(release_cell):
+            index = _adopt_by_names(nb, release_cell, release_ids)
+            if index is not None:
+                adopted.append(gid)
+        if index is None:
+            continue
+        cell = nb.cells[index]
+        if cell.cell_type != release_cell.cell_type:
+            if release_cell.cell_type == "code":
+                cell = nb.cells[index] = _as_code(cell)
+            else:
+                cell.cell_type = release_cell.cell_type
+            retyped.append(gid)
+        wanted = copy.deepcopy(release_cell.metadata.get("nbgrader", {}))
+        if cell.get("metadata", {}).get("nbgrader") != wanted:
+            if gid not in adopted:
+                restored.append(gid)
+            cell.setdefault("metadata", NotebookNode())["nbgrader"] = wanted
+        for flag in ("deletable", "editable"):
+            if flag in release_cell.metadata:
+                cell.metadata[flag] = release_cell.metadata[flag]
+        if notebooks.is_test_cell(release_cell) and _visible_source(cell.source) != _visible_source(
+            release_cell.source
+        ):
+            edited.append(gid)
+        placed[gid] = cell
+
+    # Cells still claiming a grade_id they do not hold (duplicates, ids from other notebooks) lose it,
+    # or nbgrader would grade the wrong cell (it keeps the last cell of a duplicated id).
+    holders = {id(cell) for cell in placed.values()}
+    stripped = 0
+    for cell in nb.cells:
+        if "nbgrader" in cell.get("metadata", {}) and id(cell) not in holders:
+            del cell.metadata["nbgrader"]
+            stripped += 1
+
+    # Graded cells that are gone come back from the release, after the graded cell that precedes them.
+    for position, (gid, release_cell) in enumerate(graded):
+        if gid in placed:
+            continue
+        fresh = copy.deepcopy(release_cell)
+        fresh["id"] = uuid.uuid4().hex[:12]
+        if fresh.cell_type == "code":
+            fresh.outputs, fresh.execution_count = [], None
+        anchor = next((placed[g] for g, _ in reversed(graded[:position]) if g in placed), None)
+        if anchor is not None:
+            at = next(i for i, cell in enumerate(nb.cells) if cell is anchor) + 1
+        else:
+            following = next((placed[g] for g, _ in graded[position + 1 :] if g in placed), None)
+            at = next((i for i, cell in enumerate(nb.cells) if cell is following), len(nb.cells))
+        nb.cells.insert(at, fresh)
+        placed[gid] = fresh
+        added.append(gid)
+
+    if restored:
+        notes.append(
+            f"Restored the grading metadata of {len(restored)} cell(s) from their marker comments: "
+            f"{', '.join(restored)}."
+        )
+    if retyped:
+        notes.append(f"Turned cell(s) {', '.join(retyped)} back into code cells.")
+    if adopted:
+        notes.append(
+            f"Found answer cell(s) {', '.join(adopted)} by the functions they define (marker comment missing)."
+        )
+    if duplicates:
+        notes.append(f"Several cells claimed {', '.join(duplicates)}; the last one with an answer was graded.")
+    if edited:
+        notes.append(f"Test cell(s) {', '.join(edited)} had been edited; the original tests were used.")
+    missing_tests = [g for g in added if notebooks.is_test_cell(dict(graded)[g])]
+    missing_answers = [g for g in added if notebooks.is_answer_cell(dict(graded)[g])]
+    if missing_tests:
+        notes.append(f"Test cell(s) {', '.join(missing_tests)} were missing and were added back.")
+    if missing_answers:
+        notes.append(
+            f"Answer cell(s) {', '.join(missing_answers)} were missing (no marker comment and no cell defining "
+            "its functions); the empty starter cell was added back, so those exercises score 0."
+        )
+    if stripped:
+        notes.append(f"Removed stray grading metadata from {stripped} cell(s) that are not graded.")
+    nb.metadata.setdefault("autograder", {})["repair"] = notes
+    nbformat.validate(nb)
+    return RepairResult(nb, notes)
+
+
+def _adopt_by_names(nb, release_cell, release_ids: set[str]) -> int | None:
+    """Index of the last unmarked code cell that defines every function/class of the answer stub."""
+    names = set(_DEF.findall(release_cell.source))
+    if not names:
+        return None
+    for index in range(len(nb.cells) - 1, -1, -1):
+        cell = nb.cells[index]
+        if cell.cell_type != "code" or first_marker(cell) or notebooks.grade_id(cell) in release_ids:
+            continue
+        if names <= set(_DEF.findall(cell.source)):
+            return index
+    return None

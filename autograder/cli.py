@@ -1,6 +1,13 @@
-"""``autograder``: the instructor's command line.
+"""``autograder``: the instructor's command line (and the learners' self-check).
 
-autograder release [ASSIGNMENT ...]   regenerate modules/ from solutions/ (outputs cleared)
+autograder release [ASSIGNMENT ...]     regenerate modules/ from solutions/ (outputs cleared)
+autograder collect SUBMISSIONS          LMS zip or folder -> submitted/<student>/<assignment>/
+autograder repair ASSIGNMENT            restore lost nbgrader metadata, deleted test cells, Colab format
+autograder grade ASSIGNMENT             sandboxed parallel autograding into the gradebook
+autograder feedback ASSIGNMENT          one HTML report per student, hidden tests kept hidden
+autograder export ASSIGNMENT            grades.csv and a per-exercise summary.csv
+autograder run ASSIGNMENT SUBMISSIONS   all of the above in one go
+autograder check NOTEBOOK               self-grading for learners: visible and hidden tests, no gradebook
 """
 
 from __future__ import annotations
@@ -9,6 +16,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+GiB = 2**30
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -26,10 +35,183 @@ def _release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _course(args: argparse.Namespace):
+    from autograder.pipeline import Course
+
+    return Course(args.root, db_url=getattr(args, "db_url", None))
+
+
+def _assignments(args: argparse.Namespace, course) -> list[str]:
+    from autograder.config import assignments
+
+    chosen = getattr(args, "assignment", None)
+    if chosen:
+        return chosen if isinstance(chosen, list) else [chosen]
+    return assignments(course.root)
+
+
+def _collect(args: argparse.Namespace) -> int:
+    from autograder.collect import collect
+
+    course = _course(args)
+    report = collect(args.submissions, course.root, _assignments(args, course), args.pattern, progress=True)
+    print(report.table())
+    print(f"report: {course.grading / 'collect-report.json'}")
+    return 0 if report.collected else 1
+
+
+def _repair(args: argparse.Namespace) -> int:
+    from autograder.pipeline import repair_submissions
+
+    course = _course(args)
+    done = repair_submissions(course, args.assignment, args.student or None, progress=True)
+    for student, notes in done.items():
+        print(f"{student}: " + ("; ".join(notes) if notes else "nothing to repair"))
+    return 0
+
+
+def _limits(args: argparse.Namespace):
+    from autograder.sandbox import Limits
+
+    limits = Limits()
+    limits.cell_timeout_s = args.cell_timeout or limits.cell_timeout_s
+    limits.job_timeout_s = args.timeout or limits.job_timeout_s
+    limits.memory_bytes = int(args.memory * GiB) if args.memory else limits.memory_bytes
+    limits.cpu_seconds = args.cpu_time or limits.cpu_seconds
+    limits.processes = args.processes or limits.processes
+    return limits
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from autograder.pipeline import grade
+
+    course = _course(args)
+    results = grade(
+        course,
+        args.assignment,
+        args.student or None,
+        workers=args.workers,
+        sandbox=args.sandbox,
+        limits=_limits(args),
+        progress=True,
+        keep_jobs=args.keep_jobs,
+    )
+    for result in results:
+        if result.status != "graded":
+            print(
+                f"{result.student}: NOT GRADED ({result.message}); log: "
+                f"{course.work(args.assignment) / 'logs' / (result.student + '.log')}"
+            )
+    failed = sum(r.status != "graded" for r in results)
+    print(
+        f"graded {len(results) - failed} of {len(results)} submission(s) of {args.assignment}"
+        + (f"; {failed} need manual grading" if failed else "")
+    )
+    return 0
+
+
+def _feedback(args: argparse.Namespace) -> int:
+    from autograder.feedback import generate_feedback
+
+    course = _course(args)
+    written = generate_feedback(course, args.assignment, args.student or None, progress=True)
+    print(f"feedback for {len(written)} student(s) in {course.feedback}/<student>/{args.assignment}/")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from autograder.export import export
+
+    course = _course(args)
+    result, grades, summary = export(course, args.assignment, args.output)
+    print(result.table())
+    print(f"wrote {grades} and {summary}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from autograder.collect import collect
+
+    course = _course(args)
+    report = collect(args.submissions, course.root, [args.assignment], args.pattern, progress=True)
+    print(report.table())
+    if not report.collected:
+        print("nothing to grade", file=sys.stderr)
+        return 1
+    students = sorted({entry.student for entry in report.collected})
+    args.student = students
+    for step in (_repair, _grade, _feedback, _export):
+        code = step(args)
+        if code:
+            return code
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from autograder.check import check_notebook
+
+    try:
+        report = check_notebook(args.notebook, source=args.source, timeout=args.timeout)
+    except (LookupError, ValueError, OSError) as err:
+        print(f"autograder check: {err}", file=sys.stderr)
+        return 1
+    print(report.table())
+    return 0
+
+
+def _grade_options(parser: argparse.ArgumentParser) -> None:
+    from autograder.sandbox import Limits
+
+    defaults = Limits()
+    parser.add_argument("--workers", type=int, default=None, help="students graded at once (default: CPU count)")
+    parser.add_argument(
+        "--sandbox",
+        choices=["auto", "bwrap", "none"],
+        default="auto",
+        help="bwrap: every student in a bubblewrap sandbox (needs root and bubblewrap); none: unconfined "
+        "(trusted notebooks only); auto: bwrap where it works (default)",
+    )
+    parser.add_argument(
+        "--cell-timeout", type=int, default=None, help=f"seconds per cell (default {defaults.cell_timeout_s})"
+    )
+    parser.add_argument(
+        "--timeout", type=int, default=None, help=f"seconds per student (default {defaults.job_timeout_s})"
+    )
+    parser.add_argument(
+        "--memory",
+        type=float,
+        default=None,
+        help=f"GiB of address space per kernel (default {defaults.memory_bytes / GiB:g})",
+    )
+    parser.add_argument(
+        "--cpu-time", type=int, default=None, help=f"CPU seconds per kernel (default {defaults.cpu_seconds})"
+    )
+    parser.add_argument(
+        "--processes", type=int, default=None, help=f"processes and threads per kernel (default {defaults.processes})"
+    )
+    parser.add_argument("--keep-jobs", action="store_true", help="keep each student's sandbox folder (debugging)")
+
+
+def _db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db-url",
+        default=None,
+        help="gradebook URL, e.g. postgresql+psycopg2://user:pass@host/db (default: $AUTOGRADER_DB_URL, else "
+        "sqlite gradebook.db in the course root)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autograder", description="Instructor tools of the LLM serving course.")
-    parser.add_argument("--root", type=Path, default=None, help="course repository root (default: this checkout)")
+    parser = argparse.ArgumentParser(
+        prog="autograder",
+        description="Instructor tools of the LLM serving course: release, collect, repair, grade, feedback, "
+        "export; and `check` for learners.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="A class in one go: autograder run m1_prefill_decode submissions.zip",
+    )
+    parser.add_argument("--root", type=Path, default=None, help="nbgrader course root (default: this checkout)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
     rel = commands.add_parser(
         "release",
         help="regenerate the student notebooks in modules/ from the nbgrader sources in solutions/",
@@ -40,12 +222,111 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("assignments", nargs="*", help="assignment ids (default: all folders of solutions/)")
     rel.add_argument("--db-url", default=None, help="gradebook URL (default: sqlite gradebook.db in the root)")
     rel.set_defaults(run=_release)
+
+    col = commands.add_parser(
+        "collect",
+        help="copy submissions from an LMS zip or a folder into submitted/<student>/<assignment>/",
+        description="Find every notebook in SUBMISSIONS (a zip, nested zips, or a folder), take the student id "
+        "from its path with --pattern, recognise its assignment by the marker comments of its graded cells "
+        "(any file name: 'Copy of ...', 'name (1).ipynb', Colab's), and copy it under its canonical name. "
+        "Unmatched files are listed with the reason in grading/collect-report.json.",
+    )
+    col.add_argument("submissions", type=Path, help="LMS download: a .zip file or a folder")
+    col.add_argument("--assignment", action="append", help="only this assignment (repeatable; default: all)")
+    col.add_argument(
+        "--pattern",
+        default="auto",
+        help="student id from the path: a regex with a named group 'student' applied to the path inside the "
+        "download, or a preset: moodle, canvas, folder (first folder), file (file name up to the first _ or "
+        "space), auto (try those in that order; default)",
+    )
+    col.set_defaults(run=_collect)
+
+    rep = commands.add_parser(
+        "repair",
+        help="restore lost nbgrader metadata, deleted test cells and Colab's format in submitted notebooks",
+        description="Match every graded cell of each submitted notebook to the release notebook by its marker "
+        "comment (# EXERCISE: / # TEST:) and restore its nbgrader metadata; re-add deleted test cells; turn "
+        "graded cells back into code cells; convert Colab's nbformat 4.0 (no cell ids). The notebook as "
+        "received is kept in grading/<assignment>/received/ and repair always starts from it.",
+    )
+    rep.add_argument("assignment")
+    rep.add_argument("--student", action="append", help="only this student (repeatable)")
+    rep.set_defaults(run=_repair)
+
+    gra = commands.add_parser(
+        "grade",
+        help="autograde every submission in parallel sandboxes and merge the scores into the gradebook",
+        description="Each student's nbgrader run and kernel execute in a bubblewrap sandbox: no network, no "
+        "access to solutions/ or the gradebook, limits on memory, CPU time, processes, file and output size, a "
+        "per-cell timeout. A crashing or hanging cell is marked, the kernel restarted and grading goes on; a "
+        "student whose grading fails gets 0 marked for manual grading, never stopping the others. Scores are "
+        "merged into the gradebook one student at a time.",
+    )
+    gra.add_argument("assignment")
+    gra.add_argument("--student", action="append", help="only this student (repeatable)")
+    _db_option(gra)
+    _grade_options(gra)
+    gra.set_defaults(run=_grade)
+
+    fee = commands.add_parser(
+        "feedback",
+        help="write feedback/<student>/<assignment>/<notebook>.html without hidden tests or their tracebacks",
+        description="Render each autograded notebook with a summary (score per exercise, what the grader "
+        "repaired or interrupted); test cells show only their visible tests, a failing test says whether it "
+        "was visible or hidden and gives its message, never hidden code or a traceback through it.",
+    )
+    fee.add_argument("assignment")
+    fee.add_argument("--student", action="append", help="only this student (repeatable)")
+    _db_option(fee)
+    fee.set_defaults(run=_feedback)
+
+    exp = commands.add_parser(
+        "export",
+        help="write grades.csv and a per-exercise summary.csv",
+        description="grades.csv: per student, the score of each exercise, total, max and status; summary.csv: "
+        "per exercise, points, mean and share of full marks. Default folder: grading/<assignment>/.",
+    )
+    exp.add_argument("assignment")
+    exp.add_argument("--output", type=Path, default=None, help="folder for the CSV files")
+    _db_option(exp)
+    exp.set_defaults(run=_export)
+
+    run = commands.add_parser(
+        "run",
+        help="collect, repair, grade, feedback and export in one go",
+        description="autograder collect + repair + grade + feedback + export for one assignment.",
+    )
+    run.add_argument("assignment")
+    run.add_argument("submissions", type=Path, help="LMS download: a .zip file or a folder")
+    run.add_argument("--pattern", default="auto", help="student id pattern (see `autograder collect --help`)")
+    run.add_argument("--output", type=Path, default=None, help="folder for the CSV files")
+    _db_option(run)
+    _grade_options(run)
+    run.set_defaults(run=_run)
+
+    chk = commands.add_parser(
+        "check",
+        help="self-check for learners: run one notebook with its visible and hidden tests, score per exercise",
+        description="Grades one notebook without a gradebook or nbgrader: repairs it like the instructor's "
+        "pipeline, runs it in a fresh kernel with the full tests from the course's solutions/ (this checkout, "
+        "or the public repository downloaded once), and prints the score per exercise. In Colab: "
+        "`from autograder.check import check_colab; check_colab()`.",
+    )
+    chk.add_argument("notebook", type=Path)
+    chk.add_argument("--source", type=Path, default=None, help="course root, solutions/ folder or source notebook")
+    chk.add_argument("--timeout", type=int, default=300, help="seconds per cell (default 300)")
+    chk.set_defaults(run=_check)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except (RuntimeError, FileNotFoundError, ValueError) as err:
+        print(f"autograder {args.command}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

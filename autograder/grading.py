@@ -1,10 +1,11 @@
-"""Autograde notebooks through nbgrader in a throwaway course directory.
+"""Autograde notebooks through the grading pipeline in a throwaway course directory.
 
-Used by the tests (the grading contract of every module) and, later, by the instructor
-pipeline. Each call builds a fresh course directory holding only what grading needs: the
-nbgrader sources of one assignment (copied into ``solutions/``), a gradebook made by
-``generate_assignment``, and the submissions. nbgrader runs in a subprocess so a notebook
-that crashes its kernel cannot take the caller down.
+Used by the tests (the grading contract of every module). Each call builds a fresh course
+directory holding only what grading needs: the nbgrader sources of one assignment (copied into
+``solutions/``), a gradebook and release made by ``generate_assignment``, and the submissions.
+The submissions are then graded exactly as an instructor's class is: in parallel worker processes,
+each student in its own sandbox (:mod:`autograder.sandbox`; unconfined where bubblewrap cannot run),
+with scores merged into the course's gradebook.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from autograder.config import SOURCE_DIRECTORY, ensure_tools_on_path, repo_root
 CONFIG_TEMPLATE = """\
 import os
 from autograder.config import configure
-configure(get_config(), root=os.path.dirname(os.path.abspath(__file__)))
+configure(get_config(), root=os.path.dirname(os.path.abspath(__file__)), db_url={db_url!r})
 """
 
 
@@ -38,11 +39,12 @@ class CellScore:
 
 @dataclass
 class GradingRun:
-    """Scores per student and grade_id, plus nbgrader's log."""
+    """Scores per student and grade_id, plus the grading logs."""
 
     scores: dict[str, dict[str, CellScore]]
     log: str
     workdir: Path
+    results: dict | None = None  # student -> autograder.sandbox.JobResult
 
     def total(self, student: str) -> tuple[float, float]:
         cells = self.scores[student].values()
@@ -63,14 +65,18 @@ def _nbgrader(workdir: Path, *args: str, timeout: float) -> subprocess.Completed
     )
 
 
-def prepare_course(assignment: str, workdir: Path, root: Path | None = None, timeout: float = 300) -> Path:
+def prepare_course(
+    assignment: str, workdir: Path, root: Path | None = None, timeout: float = 300, db_url: str | None = None
+) -> Path:
     """Copy one assignment's sources into ``workdir`` and generate its release and gradebook.
 
+    ``db_url`` puts the assignment into that gradebook instead of ``workdir/gradebook.db``.
     Returns the folder of the generated student notebooks.
     """
     root = Path(root or repo_root())
+    workdir = Path(workdir)
     shutil.copytree(root / SOURCE_DIRECTORY / assignment, workdir / SOURCE_DIRECTORY / assignment)
-    (workdir / "nbgrader_config.py").write_text(CONFIG_TEMPLATE)
+    (workdir / "nbgrader_config.py").write_text(CONFIG_TEMPLATE.format(db_url=db_url))
     result = _nbgrader(workdir, "generate_assignment", assignment, "--force", timeout=timeout)
     if result.returncode != 0:
         raise RuntimeError(f"generate_assignment {assignment} failed:\n{result.stdout}\n{result.stderr}")
@@ -83,6 +89,9 @@ def autograde(
     root: Path | None = None,
     workdir: Path | None = None,
     timeout: float = 1800,
+    workers: int | None = None,
+    sandbox: str = "auto",
+    limits=None,
 ) -> GradingRun:
     """Autograde notebooks and read the per-cell scores back from the gradebook.
 
@@ -91,22 +100,36 @@ def autograde(
         submissions: student id -> {notebook file name -> notebook (NotebookNode)}.
         root: the course repository (default: this one).
         workdir: where to build the course directory (default: a new temporary folder).
-        timeout: seconds for the whole nbgrader run.
+        timeout: seconds allowed for grading one student (the whole notebook).
+        workers: students graded at once (default: the number of CPUs).
+        sandbox: "auto" (bubblewrap where it works), "bwrap" (required) or "none".
+        limits: an :class:`autograder.sandbox.Limits` (default: the course's limits).
     """
+    import dataclasses
+
     import nbformat
     from nbgrader.api import Gradebook, MissingEntry
 
+    from autograder.pipeline import Course, grade
+    from autograder.sandbox import Limits
+
     workdir = Path(workdir or tempfile.mkdtemp(prefix=f"grade-{assignment}-"))
     prepare_course(assignment, workdir, root)
+    course = Course(workdir, db_url=f"sqlite:///{workdir / 'gradebook.db'}")
+    template = course.work(assignment) / "template.db"
+    shutil.copyfile(workdir / "gradebook.db", template)  # still without submissions: the sandboxes' template
     for student, files in submissions.items():
         for name, nb in files.items():
-            target = workdir / "submitted" / student / assignment / name
+            target = course.submitted / student / assignment / name
             target.parent.mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, str(target))
-    result = _nbgrader(workdir, "autograde", assignment, "--force", timeout=timeout)
-    log = result.stdout + result.stderr
+    limits = dataclasses.replace(limits or Limits(), job_timeout_s=int(timeout))
+    results = grade(
+        course, assignment, list(submissions), workers=workers, sandbox=sandbox, limits=limits, template=template
+    )
+    log = "\n".join(f"=== {r.student}: {r.status} {r.message}\n{r.log}" for r in results)
     scores: dict[str, dict[str, CellScore]] = {}
-    with Gradebook(f"sqlite:///{workdir / 'gradebook.db'}") as gradebook:
+    with Gradebook(course.db_url) as gradebook:
         for student, files in submissions.items():
             scores[student] = {}
             for name in files:
@@ -114,7 +137,11 @@ def autograde(
                     notebook = gradebook.find_submission_notebook(Path(name).stem, assignment, student)
                 except MissingEntry:
                     continue  # nbgrader could not grade it at all; the log says why
-                for grade in notebook.grades:
-                    if grade.max_score > 0 and grade.auto_score is not None:
-                        scores[student][grade.name] = CellScore(grade.name, grade.auto_score, grade.max_score)
-    return GradingRun(scores, log, workdir)
+                if notebook.flagged:
+                    continue  # grading failed: nothing was scored
+                for grade_row in notebook.grades:
+                    if grade_row.max_score > 0 and grade_row.auto_score is not None:
+                        scores[student][grade_row.name] = CellScore(
+                            grade_row.name, grade_row.auto_score, grade_row.max_score
+                        )
+    return GradingRun(scores, log, workdir, {r.student: r for r in results})

@@ -1,0 +1,359 @@
+"""The instructor's grading pipeline over one nbgrader course directory.
+
+Folders (all git-ignored): ``submitted/<student>/<assignment>/`` (what collect wrote or nbgrader's
+exchange delivered), ``autograded/`` and ``feedback/`` (nbgrader's), the gradebook (``gradebook.db``
+or ``--db-url``), and ``grading/<assignment>/`` for the pipeline's own records: notebooks as
+received, repair notes, one result file and log per student, the exported CSV files.
+
+:func:`grade` grades every submitted student in parallel worker processes, each in its own sandbox
+(:mod:`autograder.sandbox`), and merges the scores into the real gradebook one at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict
+from pathlib import Path
+
+from autograder import notebooks
+from autograder.config import RELEASE_DIRECTORY, SOURCE_DIRECTORY, ensure_tools_on_path, repo_root
+from autograder.sandbox import Job, JobResult, Limits, resolve_sandbox, run_job
+
+DB_URL_ENV = "AUTOGRADER_DB_URL"
+
+
+class Course:
+    """Paths of one nbgrader course directory (default: this repository)."""
+
+    def __init__(self, root: str | Path | None = None, db_url: str | None = None):
+        self.root = Path(root or repo_root()).resolve()
+        self.db_url = db_url or os.environ.get(DB_URL_ENV) or f"sqlite:///{self.root / 'gradebook.db'}"
+        self.source_dir = self.root / SOURCE_DIRECTORY
+        self.release_dir = self.root / RELEASE_DIRECTORY
+        self.submitted = self.root / "submitted"
+        self.autograded = self.root / "autograded"
+        self.feedback = self.root / "feedback"
+        self.grading = self.root / "grading"
+        self.grading.mkdir(parents=True, exist_ok=True)
+        ignore = self.grading / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("# the grading pipeline's working files (student data): never committed\n*\n")
+
+    def work(self, assignment: str) -> Path:
+        folder = self.grading / assignment
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def release_notebooks(self, assignment: str) -> dict[str, Path]:
+        """Notebook file name -> release notebook (the student version) of an assignment."""
+        found = {path.name: path for path in sorted((self.release_dir / assignment).glob("*.ipynb"))}
+        if not found:
+            raise RuntimeError(
+                f"no release notebooks in {self.release_dir / assignment}: run `autograder release {assignment}` first"
+            )
+        return found
+
+    def students(self, assignment: str) -> list[str]:
+        """Students with at least one submitted notebook of ``assignment``."""
+        names = set(self.release_notebooks(assignment))
+        return sorted(
+            folder.parent.name
+            for folder in self.submitted.glob(f"*/{assignment}")
+            if folder.is_dir() and any((folder / name).is_file() for name in names)
+        )
+
+    def result_path(self, assignment: str, student: str) -> Path:
+        return self.work(assignment) / "results" / f"{student}.json"
+
+    def load_result(self, assignment: str, student: str) -> dict | None:
+        path = self.result_path(assignment, student)
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+# --- repair -------------------------------------------------------------------------------------
+
+
+def repair_submissions(course: Course, assignment: str, students: list[str] | None = None, progress: bool = False):
+    """Repair every submitted notebook of ``assignment`` against its release; returns {student: notes}.
+
+    The notebook as received is kept in ``grading/<assignment>/received/`` and always repaired from
+    there, so repairing twice gives the same result.
+    """
+    from autograder import collect, repair
+
+    releases = {name: notebooks.read(path) for name, path in course.release_notebooks(assignment).items()}
+    done: dict[str, list[str]] = {}
+    todo = students or course.students(assignment)
+    if progress:
+        from tqdm import tqdm
+
+        todo = tqdm(todo, desc="repair", unit="student")
+    for student in todo:
+        folder = course.submitted / student / assignment
+        notes_all: list[str] = []
+        for name, release in releases.items():
+            target = folder / name
+            if not target.is_file():
+                continue
+            received = course.work(assignment) / "received" / student / name
+            if not received.is_file():  # delivered by nbgrader's exchange or copied by hand
+                received.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(target, received)
+            try:
+                nb = repair.read_submission(received.read_bytes())
+            except repair.UnreadableNotebook as err:
+                notes_all.append(f"{name}: {err}")
+                continue
+            result = repair.repair(nb, release)
+            original = collect.received_name(course, assignment, student, name)
+            if original and Path(original).name != name:
+                note = f"Your file {Path(original).name!r} was graded as {name!r}."
+                result.notebook.metadata["autograder"]["collect"] = [note]
+                notes_all.append(note)
+            notebooks.write(result.notebook, target)
+            notes_all += result.notes
+        done[student] = notes_all
+    record = course.work(assignment) / "repair.json"
+    previous = json.loads(record.read_text()) if record.is_file() else {}
+    record.write_text(json.dumps({**previous, **done}, indent=1))
+    return done
+
+
+# --- templates and the gradebook ----------------------------------------------------------------
+
+
+def _sources_digest(course: Course, assignment: str) -> str:
+    import nbgrader
+
+    digest = hashlib.sha256(nbgrader.__version__.encode())
+    for path in sorted((course.source_dir / assignment).rglob("*")):
+        if path.is_file():
+            digest.update(path.relative_to(course.source_dir).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def template_gradebook(course: Course, assignment: str) -> Path:
+    """A sqlite gradebook holding only ``assignment`` (made from solutions/ by nbgrader), cached.
+
+    Every grading sandbox gets a copy: nbgrader restores the test cells, hidden tests included,
+    from it. It is rebuilt whenever solutions/<assignment>/ changes.
+    """
+    from autograder.grading import prepare_course
+
+    cache = course.work(assignment) / "template"
+    digest = _sources_digest(course, assignment)
+    db = cache / f"gradebook-{digest}.db"
+    if db.is_file():
+        return db
+    with tempfile.TemporaryDirectory(prefix="autograder-template-") as tmp:
+        prepare_course(assignment, Path(tmp), course.root)
+        cache.mkdir(parents=True, exist_ok=True)
+        for stale in cache.glob("gradebook-*.db"):
+            stale.unlink()
+        shutil.copyfile(Path(tmp) / "gradebook.db", db)
+    os.chmod(db, 0o600)
+    return db
+
+
+def grade_cells(db_url: str, assignment: str) -> dict[str, dict[str, float]]:
+    """notebook name -> grade_id -> max score, as the gradebook knows the assignment (empty if absent)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(db_url) as gradebook:
+        try:
+            found = gradebook.find_assignment(assignment)
+        except MissingEntry:
+            return {}
+        return {nb.name: {cell.name: cell.max_score for cell in nb.grade_cells} for nb in found.notebooks}
+
+
+def ensure_assignment(course: Course, assignment: str, template: Path) -> None:
+    """Make sure the real gradebook knows ``assignment`` exactly as solutions/ defines it."""
+    ensure_tools_on_path()
+    wanted = grade_cells(f"sqlite:///{template}", assignment)
+    have = grade_cells(course.db_url, assignment)
+    if have == wanted:
+        return
+    if have:
+        raise RuntimeError(
+            f"the gradebook ({_safe_url(course.db_url)}) holds a different version of {assignment} than "
+            f"solutions/: release it again (`autograder release {assignment} --db-url ...`), or grade into a "
+            "new gradebook"
+        )
+    from autograder.grading import prepare_course
+
+    with tempfile.TemporaryDirectory(prefix="autograder-gradebook-") as tmp:
+        prepare_course(assignment, Path(tmp), course.root, db_url=course.db_url)
+
+
+def _safe_url(url: str) -> str:
+    """A database URL without its password, for messages."""
+    return __import__("re").sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+
+
+def merge_result(course: Course, assignment: str, result: JobResult, timestamp: str | None) -> None:
+    """Write one student's scores into the real gradebook (one transaction)."""
+    from nbgrader.api import Gradebook
+
+    with warnings.catch_warnings(), Gradebook(course.db_url) as gradebook:
+        warnings.simplefilter("ignore")  # SQLAlchemy's cosmetic SAWarnings about nbgrader's models (#1963)
+        gradebook.update_or_create_student(result.student)
+        if timestamp:
+            gradebook.update_or_create_submission(assignment, result.student, timestamp=timestamp)
+        else:
+            gradebook.update_or_create_submission(assignment, result.student)
+        graded = result.status == "graded"
+        for notebook_name in grade_cells(course.db_url, assignment):
+            file_name = f"{notebook_name}.ipynb"
+            scores = result.grades.get(file_name, {})
+            notebook = gradebook.find_submission_notebook(notebook_name, assignment, result.student)
+            notebook.flagged = not graded
+            for grade in notebook.grades:
+                entry = scores.get(grade.name)
+                if graded and entry is not None:
+                    grade.auto_score = entry["auto_score"]
+                    grade.needs_manual_grade = bool(entry["needs_manual_grade"]) or grade.manual_score is not None
+                else:  # not graded: 0 until someone looks at it
+                    grade.auto_score = 0.0
+                    grade.needs_manual_grade = True
+            comments = result.comments.get(file_name, {})
+            for comment in notebook.comments:
+                if comment.name in comments:
+                    comment.auto_comment = comments[comment.name]
+        gradebook.db.commit()
+
+
+# --- grading ------------------------------------------------------------------------------------
+
+
+def default_workers() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def grade(
+    course: Course,
+    assignment: str,
+    students: list[str] | None = None,
+    workers: int | None = None,
+    sandbox: str = "auto",
+    limits: Limits | None = None,
+    template: Path | None = None,
+    progress: bool = False,
+    keep_jobs: bool = False,
+    on_result: Callable[[JobResult], None] | None = None,
+) -> list[JobResult]:
+    """Autograde the submitted notebooks of ``assignment`` in parallel sandboxes; merge into the gradebook.
+
+    Returns one result per student, in student order. A student whose grading failed or timed out
+    gets 0 on every cell, marked for manual grading, and a result whose message says why.
+    """
+    ensure_tools_on_path()
+    mode = resolve_sandbox(sandbox)
+    students = students if students is not None else course.students(assignment)
+    workers = max(1, min(workers or default_workers(), len(students) or 1))
+    limits = limits or Limits()
+    if limits.threads <= 0:
+        limits = dataclasses.replace(limits, threads=max(1, (os.cpu_count() or 1) // workers))
+    template = template or template_gradebook(course, assignment)
+    ensure_assignment(course, assignment, template)
+    names = list(course.release_notebooks(assignment))
+    extra = course.source_dir / assignment
+    has_extra = any(p.is_file() and p.suffix != ".ipynb" for p in extra.rglob("*")) if extra.is_dir() else False
+    jobs_root = Path(tempfile.mkdtemp(prefix=f"autograder-{assignment}-"))
+    slots: list[int] = list(range(workers))
+    slot_lock, merge_lock = threading.Lock(), threading.Lock()
+    results: dict[str, JobResult] = {}
+
+    def one(student: str) -> JobResult:
+        folder = course.submitted / student / assignment
+        stamp = folder / "timestamp.txt"
+        job = Job(
+            assignment=assignment,
+            student=student,
+            notebooks={name: str(folder / name) for name in names if (folder / name).is_file()},
+            template_db=str(template),
+            extra_files=str(extra) if has_extra else None,
+            timestamp=stamp.read_text().strip() if stamp.is_file() else None,
+            limits=limits,
+        )
+        with slot_lock:
+            slot = slots.pop()
+        try:
+            result = run_job(job, jobs_root / student, slot=slot, sandbox=mode)
+        finally:
+            with slot_lock:
+                slots.append(slot)
+        with merge_lock:
+            _store(course, assignment, result, job.timestamp)
+        if not keep_jobs:
+            shutil.rmtree(jobs_root / student, ignore_errors=True)
+        return result
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(students), desc=f"grade ({workers} workers, sandbox: {mode})", unit="student")
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(one, student): student for student in students}
+            for future in as_completed(futures):
+                result = future.result()
+                results[result.student] = result
+                if on_result:
+                    on_result(result)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(f"{result.student}: {result.status}")
+    finally:
+        if bar is not None:
+            bar.close()
+        if not keep_jobs:
+            shutil.rmtree(jobs_root, ignore_errors=True)
+    return [results[student] for student in students]
+
+
+def _store(course: Course, assignment: str, result: JobResult, timestamp: str | None) -> None:
+    """Merge a result into the gradebook and the course folders (called one at a time)."""
+    merge_result(course, assignment, result, timestamp)
+    target = course.autograded / result.student / assignment
+    if target.exists():
+        shutil.rmtree(target)
+    notes = []
+    if result.status != "graded":
+        notes.append(
+            f"Your notebook could not be graded automatically: {result.message}. Your instructor will grade it by hand."
+        )
+    for name, path in result.autograded.items():
+        nb = notebooks.read(path)
+        nb.metadata.setdefault("autograder", {})["grade"] = notes
+        notebooks.write(nb, target / name)
+    if timestamp and target.exists():
+        (target / "timestamp.txt").write_text(timestamp)
+    record = course.result_path(assignment, result.student)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    data = asdict(result)
+    data.pop("log")
+    data["autograded"] = sorted(result.autograded)
+    data["scores"] = {name: _totals(grades) for name, grades in result.grades.items()}
+    record.write_text(json.dumps(data, indent=1))
+    log = course.work(assignment) / "logs" / f"{result.student}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(result.log)
+
+
+def _totals(grades: dict[str, dict]) -> dict[str, float]:
+    return {
+        "score": sum(g["auto_score"] or 0 for g in grades.values()),
+        "max_score": sum(g["max_score"] or 0 for g in grades.values()),
+    }

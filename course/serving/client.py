@@ -25,6 +25,7 @@ Conventions (as vLLM's ``vllm bench serve``, see ``course.metrics``):
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import time
@@ -89,6 +90,12 @@ class PromptBuilder:
         return text
 
 
+@functools.cache
+def default_prompt_builder() -> PromptBuilder:
+    """The course tokenizer's prompt builder, built once per process."""
+    return PromptBuilder()
+
+
 def request_payload(
     model: str,
     prompt: str | list[int],
@@ -138,7 +145,7 @@ async def stream_request(client, url: str, payload: dict, request_id: str = "0",
     chat = "messages" in payload
     times: list[float] = []
     tokens: list[int] = []
-    prompt_tokens, output_tokens, reported = expected_prompt_tokens, None, 0
+    prompt_tokens, output_tokens, counted = expected_prompt_tokens, None, 0
     finish_reason = error = None
     send_time = time.perf_counter()
     try:
@@ -174,12 +181,13 @@ async def stream_request(client, url: str, payload: dict, request_id: str = "0",
                     else:
                         text = choice.get("text") or ""
                     if usage and usage.get("completion_tokens") is not None:
-                        count = usage["completion_tokens"] - reported
-                        reported = usage["completion_tokens"]
+                        # tokens since the last chunk (a server may report usage on the last chunk only)
+                        count = usage["completion_tokens"] - counted
                     else:
                         count = 1 if text else 0
                     times.append(now)
                     tokens.append(max(count, 0))
+                    counted += tokens[-1]
                     finish_reason = choice.get("finish_reason") or finish_reason
     except (httpx.HTTPError, OSError, json.JSONDecodeError, ValueError) as err:
         error = f"{type(err).__name__}: {err}"
@@ -248,7 +256,7 @@ async def run_load_async(
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     specs = list(workload)
-    prompts = prompts or PromptBuilder()
+    prompts = prompts or default_prompt_builder()
     url = api_base(base_url) + ("/chat/completions" if endpoint == "chat" else "/completions")
     limits = httpx.Limits(max_connections=max(concurrency or len(specs), 1) + 4, max_keepalive_connections=None)
     traces: list[RequestTrace | None] = [None] * len(specs)

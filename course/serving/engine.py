@@ -90,9 +90,6 @@ class TokenEvent:
     error: str | None = None
 
 
-_DONE = object()
-
-
 class EngineRequest:
     """One request inside the engine: its prompt, its output so far, and where events go.
 
@@ -102,7 +99,7 @@ class EngineRequest:
     within one decode step.
     """
 
-    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, loop=None) -> None:
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.params = params
@@ -114,9 +111,12 @@ class EngineRequest:
         self.abort_requested_step: int | None = None  # engine step count when abort() was called
         self.freed_step: int | None = None  # engine step count when its cache rows were released
         self.steps_after_abort = 0  # decode steps run for it after abort() was called
-        self._loop = loop
-        self._async_queue: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
-        self._sync_queue: queue.SimpleQueue | None = None if loop is not None else queue.SimpleQueue()
+        # Events go to a thread-safe queue until an `async for` attaches an event loop; from then on
+        # they are handed to that loop (so one request works from plain code, threads and coroutines).
+        self._sink_lock = threading.Lock()
+        self._loop = None
+        self._async_queue: asyncio.Queue | None = None
+        self._sync_queue: queue.SimpleQueue = queue.SimpleQueue()
         self._generator = None
 
     @property
@@ -137,12 +137,10 @@ class EngineRequest:
     # --- consuming events ------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[TokenEvent]:
-        if self._sync_queue is None:
-            raise TypeError("this request was submitted from an event loop: use `async for`")
+        if self._loop is not None:
+            raise TypeError("this request is already consumed with `async for`")
         while True:
             event = self._sync_queue.get()
-            if event is _DONE:
-                return
             yield event
             if event.finish_reason is not None:
                 return
@@ -151,13 +149,25 @@ class EngineRequest:
         return self._aiter()
 
     async def _aiter(self) -> AsyncIterator[TokenEvent]:
-        if self._async_queue is None:
-            raise TypeError("this request was submitted outside an event loop: use a plain `for`")
+        with self._sink_lock:
+            if self._loop is None:
+                self._async_queue = asyncio.Queue()
+                while not self._sync_queue.empty():  # events that came before we attached
+                    self._async_queue.put_nowait(self._sync_queue.get())
+                self._loop = asyncio.get_running_loop()
         while True:
             event = await self._async_queue.get()
             yield event
             if event.finish_reason is not None:
                 return
+
+    def _route(self, event: TokenEvent):
+        """Engine thread: queue ``event`` for a plain consumer, or return the loop to hand it to."""
+        with self._sink_lock:
+            if self._loop is None:
+                self._sync_queue.put(event)
+                return None
+            return self._loop
 
     def __repr__(self) -> str:
         state = self.finish_reason or ("running" if self.output_ids else "waiting")
@@ -235,8 +245,7 @@ class Engine:
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> EngineRequest:
         """Queue a request; iterate over the returned request to receive its tokens.
 
-        Called from inside an event loop, the request delivers its events to that loop
-        (``async for``); called from plain code, to a thread-safe queue (``for``).
+        Consume the events with ``for`` (plain code, any thread) or ``async for`` (a coroutine).
         """
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
@@ -249,12 +258,8 @@ class Engine:
         vocab = self.lm.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
         rid = request_id or f"req-{next(self._ids)}"
-        request = EngineRequest(rid, prompt_ids, params, loop)
+        request = EngineRequest(rid, prompt_ids, params)
         with self._lock:
             if self._stopping:
                 raise EngineStopped("the engine is shut down")
@@ -528,10 +533,9 @@ class Engine:
         pending, self._pending = self._pending, []
         by_loop: dict[Any, list] = {}
         for request, event in pending:
-            if request._loop is None:
-                request._sync_queue.put(event)
-            else:
-                by_loop.setdefault(request._loop, []).append((request._async_queue, event))
+            loop = request._route(event)
+            if loop is not None:
+                by_loop.setdefault(loop, []).append((request._async_queue, event))
         for loop, items in by_loop.items():
             with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
                 loop.call_soon_threadsafe(_deliver, items)

@@ -15,6 +15,8 @@ import json
 import threading
 from collections.abc import Sequence
 
+from fastapi import Request  # at module level: FastAPI resolves the handlers' string annotations here
+
 from course.models import LanguageModel, build_tiny_model, forward, new_cache
 
 
@@ -110,3 +112,109 @@ def sse_json(body: str) -> tuple[list[dict], bool]:
     payloads = sse_data(body)
     done = bool(payloads) and payloads[-1] == "[DONE]"
     return [json.loads(p) for p in (payloads[:-1] if done else payloads)], done
+
+
+_shared_models: dict[tuple, LanguageModel] = {}
+
+
+def shared_chatty_model(seed: int = 0) -> LanguageModel:
+    """One :func:`chatty_tiny_model` per seed for the whole process (tests build it once)."""
+    key = (seed,)
+    if key not in _shared_models:
+        _shared_models[key] = chatty_tiny_model(seed)
+    return _shared_models[key]
+
+
+def scripted_app(
+    events: Sequence[str | dict],
+    first_delay: float = 0.0,
+    gap: float = 0.0,
+    status: int = 200,
+    done: bool = True,
+):
+    """A fake OpenAI-style streaming server with known timing, for testing clients.
+
+    Every POST (any path) waits ``first_delay`` s, then sends ``events`` (dicts as JSON) as SSE,
+    ``gap`` s apart, then ``data: [DONE]`` (if ``done``). With ``status`` != 200 it answers
+    with that status and an OpenAI error body instead. ``app.state`` counts requests
+    (``requests``) and the most that were in flight at once (``max_in_flight``).
+    """
+    import asyncio
+
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    app = FastAPI()
+    app.state.requests = 0
+    app.state.in_flight = 0
+    app.state.max_in_flight = 0
+    app.state.bodies = []
+
+    @app.post("/{path:path}")
+    async def handle(path: str, request: Request):
+        app.state.requests += 1
+        try:
+            app.state.bodies.append(json.loads(await request.body() or b"null"))
+        except json.JSONDecodeError:
+            app.state.bodies.append(None)
+        if status != 200:
+            body = {
+                "error": {
+                    "message": f"scripted failure {status}",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": status,
+                }
+            }
+            return JSONResponse(body, status_code=status)
+        app.state.in_flight += 1
+        app.state.max_in_flight = max(app.state.max_in_flight, app.state.in_flight)
+
+        async def stream():
+            try:
+                await asyncio.sleep(first_delay)
+                for i, event in enumerate(events):
+                    if i:
+                        await asyncio.sleep(gap)
+                    data = event if isinstance(event, str) else json.dumps(event)
+                    yield f"data: {data}\n\n"
+                if done:
+                    yield "data: [DONE]\n\n"
+            finally:
+                app.state.in_flight -= 1
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return app
+
+
+def completion_chunks(texts: Sequence[str], finish_reason: str = "length", usage: bool = True, per_chunk=None):
+    """Text-completion chunk dicts for :func:`scripted_app`: one per text, the last with ``finish_reason``,
+    then a usage-only chunk if ``usage``. ``per_chunk`` gives tokens per chunk (default 1 each), reported
+    as continuous usage."""
+    per_chunk = list(per_chunk) if per_chunk is not None else [1] * len(texts)
+    chunks, total = [], 0
+    for i, (text, n) in enumerate(zip(texts, per_chunk)):
+        total += n
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason if i == len(texts) - 1 else None,
+        }
+        chunk = {"id": "cmpl-test", "object": "text_completion", "created": 0, "model": "fake", "choices": [choice]}
+        if per_chunk is not None and usage:
+            chunk["usage"] = {"prompt_tokens": 7, "completion_tokens": total, "total_tokens": 7 + total}
+        chunks.append(chunk)
+    if usage:
+        chunks.append(
+            {
+                "id": "cmpl-test",
+                "object": "text_completion",
+                "created": 0,
+                "model": "fake",
+                "choices": [],
+                "usage": {"prompt_tokens": 7, "completion_tokens": total, "total_tokens": 7 + total},
+            }
+        )
+    return chunks

@@ -1,0 +1,307 @@
+"""Benchmark module 2's serving stack: the batched engine vs one-at-a-time vs `transformers serve`.
+
+Everything runs on this machine in one go, the server pinned to core 0 and the load client
+(`course bench`) to core 1, each with one thread (OMP_NUM_THREADS=1, as peers.md recommends for
+fair numbers on 2 cores). Printed:
+
+1. the raw in-process decode step of the tiny model (batch 1, KV cache, 64-token prompt), and the
+   server's ITL p50 at concurrency 1 over it (target <= 1.10x);
+2. throughput, TTFT p50, ITL p50 and TPOT p50 at concurrency 1, 4, 16 for the course server with
+   continuous batching (max batch 64) and the same server one request at a time (max batch 1)
+   (target at 16: >= 3x throughput with ITL p50 <= 2x the single-stream ITL p50);
+3. the same workload against `transformers serve --continuous-batching` running the same tiny model
+   saved with `course tiny-model`, its KV cache capped as peers.md explains (target at 16: >= 1.5x its
+   output tokens/s with TTFT p50 and ITL p50 no worse). Needs `pip install "transformers[serving]"`;
+   skipped with a note when the command is missing.
+
+Every request sends the same payload to every server (greedy, 64 prompt tokens, max_tokens 64, no
+`ignore_eos`: `transformers serve` rejects that field), and the script checks the token counts the
+servers report. Each figure is the median over --repeats runs.
+
+    .venv/bin/python benchmarks/serving.py [--repeats 3] [--quick] [--skip-transformers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SERVER_CORE, CLIENT_CORE = "0", "1"
+
+RAW_STEP = """
+import json, statistics, time, torch
+torch.set_num_threads(1)
+from course.models import build_tiny_model, forward, new_cache
+lm = build_tiny_model()
+out = {}
+for batch in (1, 16):
+    steps = []
+    for trial in range(3):
+        with torch.inference_mode():
+            logits, cache = forward(lm.model, lm.random_ids(batch, PROMPT, seed=trial), new_cache(lm.model))
+            token = logits[:, -1:].argmax(-1)
+            for _ in range(STEPS):
+                start = time.perf_counter()
+                logits, cache = forward(lm.model, token, cache)
+                token = logits[:, -1:].argmax(-1)
+                steps.append(time.perf_counter() - start)
+    out[batch] = statistics.median(steps)
+print(json.dumps(out))
+"""
+
+
+def pinned(core: str, command: list[str]) -> list[str]:
+    return ["taskset", "-c", core, *command] if shutil.which("taskset") else command
+
+
+def environment() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with code {process.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} did not come up within {timeout} s")
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Stop a server by its PID: TERM, then KILL (uvicorn can wait on a running generation)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def bench(url: str, model: str, concurrency: int, args: argparse.Namespace) -> dict:
+    command = [
+        str(BIN / "course"),
+        "bench",
+        "--base-url",
+        url,
+        "--model",
+        model,
+        "--concurrency",
+        str(concurrency),
+        "--num-requests",
+        str(max(8, args.requests_per_worker * concurrency)),
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--output-tokens",
+        str(args.output_tokens),
+        "--no-ignore-eos",
+        "--warmup",
+        "2",
+        "--no-progress",
+        "--json",
+    ]
+    done = subprocess.run(pinned(CLIENT_CORE, command), env=environment(), capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"course bench failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def run_server(name: str, command: list[str], model: str, args: argparse.Namespace, port: int) -> dict:
+    url = f"http://127.0.0.1:{port}"
+    results = {}
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(
+            pinned(SERVER_CORE, command), env=environment(), stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_until_up(url, process)
+            for concurrency in args.concurrency:
+                runs = [bench(url, model, concurrency, args) for _ in range(args.repeats)]
+                results[concurrency] = runs
+                print(f"  {name:40s} concurrency {concurrency:2d}: " + describe(runs), flush=True)
+        except (RuntimeError, TimeoutError) as err:
+            log.seek(0)
+            print(f"  {name}: {err}\n{log.read()[-1500:]}", flush=True)
+        finally:
+            stop(process)
+    return results
+
+
+def median_of(runs: list[dict], *path: str) -> float:
+    values = []
+    for run in runs:
+        value = run
+        for key in path:
+            value = value[key]
+        values.append(value)
+    return statistics.median(values)
+
+
+def describe(runs: list[dict]) -> str:
+    tokens = {run["output_tokens"] // max(run["completed"], 1) for run in runs}
+    ttft, itl, tpot = (median_of(runs, name, "p50_s") * 1e3 for name in ("ttft", "itl", "tpot"))
+    return (
+        f"{median_of(runs, 'output_throughput_tok_s'):7.0f} tok/s | TTFT p50 {ttft:7.1f} ms | ITL p50 {itl:6.2f} ms"
+        f" | TPOT p50 {tpot:6.2f} ms | failed {sum(r['failed'] for r in runs)} | tokens/request {sorted(tokens)}"
+    )
+
+
+def verdict(ok: bool) -> str:
+    return "meets the target" if ok else "MISSES the target"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per point; figures are medians (default 3)")
+    parser.add_argument("--quick", action="store_true", help="one run per point (a smoke test)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--requests-per-worker", type=int, default=4)
+    parser.add_argument("--skip-transformers", action="store_true", help="do not benchmark transformers serve")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats = 1
+    print(
+        f"load average before the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
+        "(other work on the machine disturbs every figure)",
+        flush=True,
+    )
+
+    raw_code = RAW_STEP.replace("PROMPT", str(args.prompt_tokens)).replace("STEPS", str(args.output_tokens))
+    done = subprocess.run(
+        pinned(SERVER_CORE, [sys.executable, "-c", raw_code]),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    raw = {int(k): v for k, v in json.loads(done.stdout).items()}
+    print(
+        f"raw in-process decode step (core {SERVER_CORE}, 1 thread): batch 1 {raw[1] * 1e3:.2f} ms, "
+        f"batch 16 {raw[16] * 1e3:.2f} ms ({raw[16] / raw[1]:.2f}x)",
+        flush=True,
+    )
+
+    workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
+    tiny = workdir / "tiny-llama"
+    subprocess.run([str(BIN / "course"), "tiny-model", str(tiny)], env=environment(), check=True, capture_output=True)
+
+    servers = {}
+    course_serve = [str(BIN / "course"), "serve", "--model", "tiny", "--threads", "1"]
+    port = free_port()
+    servers["course, continuous batching"] = run_server(
+        "course, continuous batching",
+        course_serve + ["--port", str(port), "--max-batch-size", "64"],
+        "course-tiny-llama",
+        args,
+        port,
+    )
+    port = free_port()
+    servers["course, one at a time"] = run_server(
+        "course, one at a time",
+        course_serve + ["--port", str(port), "--max-batch-size", "1"],
+        "course-tiny-llama",
+        args,
+        port,
+    )
+    transformers_cli = shutil.which("transformers", path=str(BIN)) or shutil.which("transformers")
+    if args.skip_transformers:
+        print("  transformers serve: skipped (--skip-transformers)")
+    elif transformers_cli is None:
+        print("  transformers serve: not installed (pip install 'transformers[serving]'); skipped")
+    else:
+        port = free_port()
+        command = [
+            transformers_cli,
+            "serve",
+            str(tiny),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--continuous-batching",
+            "--cb-num-blocks",
+            "1024",
+            "--cb-block-size",
+            "32",
+            "--cb-max-batch-tokens",
+            "2048",
+        ]
+        servers["transformers serve --continuous-batching"] = run_server(
+            "transformers serve --continuous-batching", command, str(tiny), args, port
+        )
+
+    print("\nserver | concurrency | output tok/s | TTFT p50 ms | ITL p50 ms | TPOT p50 ms")
+    print("---|---|---|---|---|---")
+    for name, by_level in servers.items():
+        for concurrency, runs in by_level.items():
+            print(
+                f"{name} | {concurrency} | {median_of(runs, 'output_throughput_tok_s'):.0f} | "
+                f"{median_of(runs, 'ttft', 'p50_s') * 1e3:.1f} | {median_of(runs, 'itl', 'p50_s') * 1e3:.2f} | "
+                f"{median_of(runs, 'tpot', 'p50_s') * 1e3:.2f}"
+            )
+
+    batched = servers.get("course, continuous batching", {})
+    serial = servers.get("course, one at a time", {})
+    peer = servers.get("transformers serve --continuous-batching", {})
+    top, one = max(args.concurrency), min(args.concurrency)
+    print()
+    if one in batched:
+        ratio = median_of(batched[one], "itl", "p50_s") / raw[1]
+        print(
+            f"ITL p50 at concurrency {one} / raw decode step: {ratio:.2f}x (target <= 1.10x): {verdict(ratio <= 1.10)}"
+        )
+    if top in batched and top in serial and one in batched:
+        speedup = median_of(batched[top], "output_throughput_tok_s") / median_of(serial[top], "output_throughput_tok_s")
+        itl_ratio = median_of(batched[top], "itl", "p50_s") / median_of(batched[one], "itl", "p50_s")
+        print(
+            f"at concurrency {top}: batched throughput {speedup:.2f}x one-at-a-time (target >= 3x): "
+            f"{verdict(speedup >= 3)}; ITL p50 {itl_ratio:.2f}x single-stream (target <= 2x): {verdict(itl_ratio <= 2)}"
+        )
+    if top in batched and top in peer:
+        speedup = median_of(batched[top], "output_throughput_tok_s") / median_of(peer[top], "output_throughput_tok_s")
+        ttft = median_of(batched[top], "ttft", "p50_s") / median_of(peer[top], "ttft", "p50_s")
+        itl = median_of(batched[top], "itl", "p50_s") / median_of(peer[top], "itl", "p50_s")
+        print(
+            f"at concurrency {top} vs transformers serve: {speedup:.2f}x its output tokens/s (target >= 1.5x): "
+            f"{verdict(speedup >= 1.5)}; TTFT p50 {ttft:.2f}x and ITL p50 {itl:.2f}x of its values "
+            f"(target <= 1): {verdict(ttft <= 1 and itl <= 1)}"
+        )
+    print(f"load average after the run: {os.getloadavg()[0]:.2f}")
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -226,7 +226,7 @@ def run_job(job: Job, job_dir: Path, slot: int = 0, sandbox: str = "bwrap") -> J
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            process.wait(timeout=job.limits.job_timeout_s + 60)
+            process.wait(timeout=job.limits.job_timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()

@@ -1,0 +1,37 @@
+"""The ``autograder`` command line: every step documents itself and bad input gets a clear message."""
+
+from __future__ import annotations
+
+import pytest
+
+from autograder import cli
+
+STEPS = ["release", "collect", "repair", "grade", "feedback", "export", "run", "check"]
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_every_step_has_help(step, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([step, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: autograder {step}") and len(text) > 300
+
+
+def test_top_level_help_lists_the_steps(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = capsys.readouterr().out
+    assert all(step in text for step in STEPS)
+
+
+def test_missing_input_is_a_clear_error(tmp_path, capsys):
+    code = cli.main(["--root", str(tmp_path), "collect", str(tmp_path / "nowhere.zip"), "--assignment", "m1"])
+    assert code == 1
+    assert "no release notebooks" in capsys.readouterr().err
+
+
+def test_grading_without_a_release_says_what_to_run(tmp_path, capsys):
+    code = cli.main(["--root", str(tmp_path), "grade", "m1_prefill_decode", "--sandbox", "none"])
+    assert code == 1
+    assert "autograder release m1_prefill_decode" in capsys.readouterr().err

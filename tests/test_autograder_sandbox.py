@@ -1,0 +1,166 @@
+"""The grading sandbox and the parallel pipeline on a tiny assignment (its kernel needs no torch).
+
+What the kernel can see (uid, file system, network), a student whose grading hangs past the job
+limit while the others are graded, the unconfined mode for machines without bubblewrap, and the
+export and feedback of a failed student.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from autograder import notebooks
+from autograder.pipeline import Course, grade
+from autograder.sandbox import SANDBOX_UID_BASE, Limits, bwrap_problem
+
+ASSIGNMENT = "tiny"
+NAME = "tiny.ipynb"
+ANSWER = "# EXERCISE: ex1_1\ndef add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION"
+TEST = (
+    '# TEST: ex1_1_add\n"""add adds two numbers."""\nassert add(1, 2) == 3, "1 + 2 should be 3"\n'
+    "### BEGIN HIDDEN TESTS\nassert add(-1, 1) == 0, 'the hidden case failed'\n### END HIDDEN TESTS"
+)
+TEST2 = '# TEST: ex1_1_types\n"""add works on floats."""\nassert add(0.5, 0.25) == 0.75'
+needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no grading sandbox: {bwrap_problem()}")
+
+
+def _meta(grade_id: str, test: bool, points: int = 0) -> dict:
+    meta = {"grade": test, "grade_id": grade_id, "locked": test, "schema_version": 3, "solution": not test,
+            "task": False}
+    if test:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+def tiny_source():
+    """A two-point nbgrader source notebook: one answer cell, two test cells (one with hidden tests)."""
+    return new_notebook(
+        cells=[
+            new_markdown_cell("### Exercise 1.1 — Add two numbers (2 points)"),
+            new_code_cell(ANSWER, metadata=_meta("ex1_1", False)),
+            new_code_cell(TEST, metadata=_meta("ex1_1_add", True, 1)),
+            new_code_cell(TEST2, metadata=_meta("ex1_1_types", True, 1)),
+        ],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
+
+
+def tiny_course(root: Path, db_url: str | None = None) -> Course:
+    """A course with the tiny assignment released (modules/ and the gradebook made by nbgrader)."""
+    from autograder.release import generate
+
+    notebooks.write(tiny_source(), root / "solutions" / ASSIGNMENT / NAME)
+    generate(root, [ASSIGNMENT], db_url or f"sqlite:///{root / 'gradebook.db'}")
+    return Course(root, db_url=db_url)
+
+
+def submit(course: Course, student: str, body: str) -> None:
+    release = notebooks.read(course.release_dir / ASSIGNMENT / NAME)
+    nb = notebooks.with_answers(release, {"ex1_1": body})
+    target = course.submitted / student / ASSIGNMENT / NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(target))
+
+
+CORRECT = "# EXERCISE: ex1_1\ndef add(a, b):\n    return a + b"
+PROBE = """# EXERCISE: ex1_1
+import json, os, socket
+seen = {
+    "uid": os.getuid(),
+    "interfaces": [name for _, name in socket.if_nameindex()],
+    "root": sorted(os.listdir("/")),
+    "solutions": os.path.exists("@@REPO@@/solutions"),
+    "home": os.environ.get("HOME"),
+    "cwd_writable": os.access(".", os.W_OK),
+    "env_has_host_secret": "AUTOGRADER_TEST_SECRET" in os.environ,
+}
+try:
+    open("/input/gradebook.db", "rb")
+    seen["input"] = "readable"
+except OSError as err:
+    seen["input"] = type(err).__name__
+print("PROBE" + json.dumps(seen))
+def add(a, b):
+    return a + b"""
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    return tiny_course(tmp_path_factory.mktemp("tiny") / "course")
+
+
+@needs_bwrap
+def test_kernel_sees_only_its_sandbox(course, monkeypatch):
+    monkeypatch.setenv("AUTOGRADER_TEST_SECRET", "1")
+    submit(course, "probe", PROBE.replace("@@REPO@@", str(Path(__file__).resolve().parents[1])))
+    (result,) = grade(course, ASSIGNMENT, ["probe"], workers=1, sandbox="bwrap")
+    assert result.status == "graded", result.log
+    nb = notebooks.read(course.autograded / "probe" / ASSIGNMENT / NAME)
+    text = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+    seen = json.loads(text.split("PROBE", 1)[1].splitlines()[0])
+    assert seen["uid"] >= SANDBOX_UID_BASE, "the kernel must run as the slot's unprivileged user"
+    assert seen["interfaces"] == ["lo"], "only the sandbox's own loopback"
+    assert not seen["solutions"], "solutions/ must not be mounted"
+    assert "home" not in seen["root"] and "srv" not in seen["root"], "only what grading needs is mounted"
+    assert seen["input"] == "PermissionError", "the staged gradebook must be root-only"
+    assert not seen["env_has_host_secret"], "no host environment variables inside"
+    assert seen["cwd_writable"] and seen["home"].startswith("/tmp/")
+    assert result.grades[NAME]["ex1_1_add"]["auto_score"] == 1.0
+
+
+@needs_bwrap
+def test_a_hung_student_times_out_while_the_others_are_graded(course):
+    submit(course, "hangs", "# EXERCISE: ex1_1\nimport time\nwhile True:\n    try:\n        time.sleep(1)\n"
+                            "    except BaseException:\n        pass")
+    submit(course, "good", CORRECT)
+    submit(course, "wrong", "# EXERCISE: ex1_1\ndef add(a, b):\n    return abs(a) + b")
+    limits = Limits(cell_timeout_s=600, job_timeout_s=8)
+    results = {r.student: r for r in grade(course, ASSIGNMENT, ["hangs", "good", "wrong"], workers=2, limits=limits)}
+    assert results["hangs"].status == "timeout" and "8 s" in results["hangs"].message
+    assert results["good"].status == "graded"
+    assert {k: v["auto_score"] for k, v in results["good"].grades[NAME].items()} == {"ex1_1_add": 1, "ex1_1_types": 1}
+    assert {k: v["auto_score"] for k, v in results["wrong"].grades[NAME].items()} == {"ex1_1_add": 0, "ex1_1_types": 1}
+
+    from autograder.export import export
+    from autograder.feedback import generate_feedback
+
+    generate_feedback(course, ASSIGNMENT, ["hangs", "good", "wrong"])
+    page = (course.feedback / "hangs" / ASSIGNMENT / "tiny.html").read_text()
+    assert "could not be graded automatically" in page and "8 s" in page
+    wrong = (course.feedback / "wrong" / ASSIGNMENT / "tiny.html").read_text()
+    assert "A hidden test failed: AssertionError: the hidden case failed" in wrong
+    assert "add(-1, 1)" not in wrong, "hidden test code must not be shown"
+    _, grades_csv, summary_csv = export(course, ASSIGNMENT)
+    rows = {row["student"]: row for row in csv.DictReader(grades_csv.open())}
+    assert rows["hangs"]["total"] == "0.0" and rows["hangs"]["status"].startswith("needs manual grading")
+    assert rows["good"]["total"] == "2.0" and rows["good"]["status"] == "graded"
+    assert rows["wrong"]["total"] == "1.0"
+    summary = list(csv.DictReader(summary_csv.open()))
+    assert summary[0]["exercise"] == "ex1_1" and float(summary[0]["points"]) == 2.0
+
+
+def test_unconfined_mode_grades_the_same(tmp_path):
+    course = tiny_course(tmp_path / "course")
+    submit(course, "good", CORRECT)
+    submit(course, "wrong", "# EXERCISE: ex1_1\ndef add(a, b):\n    return abs(a) + b")
+    results = {r.student: r for r in grade(course, ASSIGNMENT, workers=2, sandbox="none")}
+    assert results["good"].grades[NAME]["ex1_1_add"]["auto_score"] == 1.0
+    assert results["wrong"].grades[NAME]["ex1_1_add"]["auto_score"] == 0.0
+    assert course.load_result(ASSIGNMENT, "good")["status"] == "graded"
+
+
+def test_regrading_replaces_the_scores(course):
+    submit(course, "again", "# EXERCISE: ex1_1\ndef add(a, b):\n    return abs(a) + b")
+    grade(course, ASSIGNMENT, ["again"], workers=1)
+    submit(course, "again", CORRECT)
+    grade(course, ASSIGNMENT, ["again"], workers=1)
+    from autograder.export import collect_grades
+
+    rows = {row["student"]: row for row in collect_grades(course, ASSIGNMENT).rows}
+    assert rows["again"]["total"] == 2.0

@@ -163,7 +163,12 @@ def _grade_options(parser: argparse.ArgumentParser) -> None:
     from autograder.sandbox import Limits
 
     defaults = Limits()
-    parser.add_argument("--workers", type=int, default=None, help="students graded at once (default: CPU count)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="students graded at once (default: the CPU count, at most as many as the memory holds at --memory each)",
+    )
     parser.add_argument(
         "--sandbox",
         choices=["auto", "bwrap", "none"],

@@ -236,8 +236,15 @@ def merge_result(course: Course, assignment: str, result: JobResult, timestamp: 
 # --- grading ------------------------------------------------------------------------------------
 
 
-def default_workers() -> int:
-    return max(1, os.cpu_count() or 1)
+def default_workers(limits: Limits | None = None) -> int:
+    """One worker per CPU, but no more than the memory holds at the kernels' memory limit."""
+    memory = (limits or Limits()).memory_bytes
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        physical = 0
+    by_memory = physical // (memory + 2**30) if physical else os.cpu_count() or 1
+    return max(1, min(os.cpu_count() or 1, by_memory))
 
 
 def grade(
@@ -260,8 +267,8 @@ def grade(
     ensure_tools_on_path()
     mode = resolve_sandbox(sandbox)
     students = students if students is not None else course.students(assignment)
-    workers = max(1, min(workers or default_workers(), len(students) or 1))
     limits = limits or Limits()
+    workers = max(1, min(workers or default_workers(limits), len(students) or 1))
     if limits.threads <= 0:
         limits = dataclasses.replace(limits, threads=max(1, (os.cpu_count() or 1) // workers))
     template = template or template_gradebook(course, assignment)

@@ -90,6 +90,7 @@ class JobResult:
     autograded: dict[str, str] = field(default_factory=dict)  # notebook -> graded notebook path on the host
     log: str = ""
     seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)  # where the time went inside the sandbox
 
 
 # --- host side ----------------------------------------------------------------------------------
@@ -225,9 +226,11 @@ def run_job(job: Job, job_dir: Path, slot: int = 0, sandbox: str = "bwrap") -> J
     log_path = job_dir / "entry.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = False
         try:
             process.wait(timeout=job.limits.job_timeout_s)
         except subprocess.TimeoutExpired:
+            timed_out = True
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     result_path = outbox / "result.json"
@@ -242,9 +245,9 @@ def run_job(job: Job, job_dir: Path, slot: int = 0, sandbox: str = "bwrap") -> J
     else:
         result = JobResult(
             student=job.student,
-            status="timeout" if process.returncode in (-signal.SIGKILL, 137) else "failed",
+            status="timeout" if timed_out else "failed",
             message=f"grading did not finish within {job.limits.job_timeout_s} s"
-            if process.returncode in (-signal.SIGKILL, 137)
+            if timed_out
             else f"the grading process stopped unexpectedly (exit code {process.returncode})",
         )
     result.log = _tail(log_path) + ("\n" + _tail(outbox / "nbgrader.log") if (outbox / "nbgrader.log").exists() else "")
@@ -329,7 +332,14 @@ def _kernelspec(spec: dict, root: Path) -> Path:
 def run_job_inside(inbox: Path, work: Path, outbox: Path) -> int:
     """Build a one-student course in ``work``, autograde it, write result.json to ``outbox``."""
     os.umask(0o077)  # everything nbgrader writes (gradebook, restored notebook) is root-only
+    clock = {"start": time.perf_counter()}
     spec = json.loads((inbox / "job.json").read_text())
+    # nbgrader holds the kernel's outputs in memory: bound it too (the kernel lowers its own limit).
+    import resource
+
+    ceiling = max(Limits(**spec["limits"]).memory_bytes, 4 * GiB) + GiB
+    resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     assignment, student = spec["assignment"], spec["student"]
     work.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(inbox / "gradebook.db", work / "gradebook.db")
@@ -355,11 +365,13 @@ def run_job_inside(inbox: Path, work: Path, outbox: Path) -> int:
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config import Config
 
+    clock["imported"] = time.perf_counter()
     config = Config()
     nbgrader_settings(config, spec, str(work))
     os.chdir(work)
     api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
     outcome = api.autograde(assignment, student, force=True, create=True)
+    clock["autograded"] = time.perf_counter()
     (outbox / "nbgrader.log").write_text((outcome.get("log") or "") + "\n" + (outcome.get("error") or ""))
     status, message = "graded", ""
     graded_dir = work / "autograded" / student / assignment
@@ -384,7 +396,20 @@ def run_job_inside(inbox: Path, work: Path, outbox: Path) -> int:
         status = "failed"
         message = "nbgrader could not grade the notebook; see the grading log"
     grades, comments = _read_scores(work, assignment, student, spec["notebooks"]) if autograded else ({}, {})
-    result = {"status": status, "message": message, "grades": grades, "comments": comments, "autograded": autograded}
+    clock["done"] = time.perf_counter()
+    timings = {
+        "setup_and_import_s": clock["imported"] - clock["start"],
+        "autograde_s": clock["autograded"] - clock["imported"],
+        "collect_scores_s": clock["done"] - clock["autograded"],
+    }
+    result = {
+        "status": status,
+        "message": message,
+        "grades": grades,
+        "comments": comments,
+        "autograded": autograded,
+        "timings": timings,
+    }
     (outbox / "result.json").write_text(json.dumps(result))
     return 0
 

@@ -10,16 +10,13 @@ with scores merged into the course's gradebook.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder.config import SOURCE_DIRECTORY, ensure_tools_on_path, repo_root
+from autograder.config import SOURCE_DIRECTORY, repo_root
 
 CONFIG_TEMPLATE = """\
 import os
@@ -51,35 +48,20 @@ class GradingRun:
         return sum(c.score for c in cells), sum(c.max_score for c in cells)
 
 
-def _nbgrader(workdir: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    ensure_tools_on_path()  # alembic and jupyter must be found by the nbgrader subprocess
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(repo_root()) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run(
-        [sys.executable, "-m", "nbgrader", *args],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def prepare_course(
-    assignment: str, workdir: Path, root: Path | None = None, timeout: float = 300, db_url: str | None = None
-) -> Path:
+def prepare_course(assignment: str, workdir: Path, root: Path | None = None, db_url: str | None = None) -> Path:
     """Copy one assignment's sources into ``workdir`` and generate its release and gradebook.
 
-    ``db_url`` puts the assignment into that gradebook instead of ``workdir/gradebook.db``.
+    ``db_url`` puts the assignment into that gradebook instead of ``workdir/gradebook.db``; an
+    ``nbgrader_config.py`` lets the plain ``nbgrader`` command work in ``workdir`` too.
     Returns the folder of the generated student notebooks.
     """
+    from autograder.release import generate
+
     root = Path(root or repo_root())
     workdir = Path(workdir)
     shutil.copytree(root / SOURCE_DIRECTORY / assignment, workdir / SOURCE_DIRECTORY / assignment)
     (workdir / "nbgrader_config.py").write_text(CONFIG_TEMPLATE.format(db_url=db_url))
-    result = _nbgrader(workdir, "generate_assignment", assignment, "--force", timeout=timeout)
-    if result.returncode != 0:
-        raise RuntimeError(f"generate_assignment {assignment} failed:\n{result.stdout}\n{result.stderr}")
+    generate(workdir, [assignment], db_url or f"sqlite:///{workdir / 'gradebook.db'}")
     return workdir / "modules" / assignment
 
 

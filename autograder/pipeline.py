@@ -148,15 +148,13 @@ def template_gradebook(course: Course, assignment: str) -> Path:
     Every grading sandbox gets a copy: nbgrader restores the test cells, hidden tests included,
     from it. It is rebuilt whenever solutions/<assignment>/ changes.
     """
-    from autograder.grading import prepare_course
-
     cache = course.work(assignment) / "template"
     digest = _sources_digest(course, assignment)
     db = cache / f"gradebook-{digest}.db"
     if db.is_file():
         return db
     with tempfile.TemporaryDirectory(prefix="autograder-template-") as tmp:
-        prepare_course(assignment, Path(tmp), course.root)
+        _generate(course, assignment, Path(tmp), f"sqlite:///{Path(tmp) / 'gradebook.db'}")
         cache.mkdir(parents=True, exist_ok=True)
         for stale in cache.glob("gradebook-*.db"):
             stale.unlink()
@@ -190,10 +188,16 @@ def ensure_assignment(course: Course, assignment: str, template: Path) -> None:
             f"solutions/: release it again (`autograder release {assignment} --db-url ...`), or grade into a "
             "new gradebook"
         )
-    from autograder.grading import prepare_course
-
     with tempfile.TemporaryDirectory(prefix="autograder-gradebook-") as tmp:
-        prepare_course(assignment, Path(tmp), course.root, db_url=course.db_url)
+        _generate(course, assignment, Path(tmp), course.db_url)
+
+
+def _generate(course: Course, assignment: str, workdir: Path, db_url: str) -> None:
+    """nbgrader generate_assignment of ``assignment`` in ``workdir`` (modules/ untouched), into ``db_url``."""
+    from autograder.release import generate
+
+    shutil.copytree(course.source_dir / assignment, workdir / SOURCE_DIRECTORY / assignment)
+    generate(workdir, [assignment], db_url)
 
 
 def _safe_url(url: str) -> str:

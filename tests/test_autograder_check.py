@@ -13,14 +13,14 @@ from autograder.check import download_course, release_like
 from autograder.execution import without_hidden_tests
 
 ROOT = Path(__file__).resolve().parents[1]
-WRONG_TPOT = '''# EXERCISE: ex1_2
+WRONG_TPOT = """# EXERCISE: ex1_2
 def request_latencies(trace):
     times = trace.chunk_times
     ttft = times[0] - trace.send_time
     e2e = times[-1] - trace.send_time
     itl = [later - earlier for earlier, later in zip(times, times[1:])]
     tpot = (e2e - ttft) / (len(times) - 1) if trace.output_tokens > 1 else None
-    return {"ttft": ttft, "e2e": e2e, "itl": itl, "tpot": tpot}'''
+    return {"ttft": ttft, "e2e": e2e, "itl": itl, "tpot": tpot}"""
 
 
 def test_check_grades_a_damaged_notebook_with_the_hidden_tests(tmp_path, capsys):

@@ -94,13 +94,15 @@ def test_canvas_names_and_late_flag(course_root, release, tmp_path):
 def test_custom_pattern_nested_zip_and_newest_duplicate(course_root, release, tmp_path):
     inner = make_zip({"prefill_decode.ipynb": as_bytes(release)})
     download = tmp_path / "class.zip"
-    download.write_bytes(make_zip({"s1234567-week1.zip": inner, "s7654321-week1/prefill_decode.ipynb": as_bytes(release)}))
+    files = {"s1234567-week1.zip": inner, "s7654321-week1/prefill_decode.ipynb": as_bytes(release)}
+    download.write_bytes(make_zip(files))
     folder = tmp_path / "folder"
     folder.mkdir()
     shutil.copy(download, folder / "class.zip")
     old, new = folder / "s7654321-old.ipynb", folder / "s7654321-new.ipynb"
     old.write_bytes(as_bytes(release))
-    new.write_bytes(as_bytes(notebooks.with_answers(release, {"ex1_4": "# EXERCISE: ex1_4\ndef quiz_answers():\n    return {}"})))
+    empty_quiz = "# EXERCISE: ex1_4\ndef quiz_answers():\n    return {}"
+    new.write_bytes(as_bytes(notebooks.with_answers(release, {"ex1_4": empty_quiz})))
     os.utime(old, (1_000_000_000, 1_000_000_000))
     report = collect(folder, course_root, [ASSIGNMENT], r"(?P<student>s\d{7})-")
     assert sorted(e.student for e in report.collected) == ["s1234567", "s7654321"]

@@ -57,7 +57,8 @@ def postgres():
         port = probe.getsockname()[1]
     data, log = base / "data", base / "server.log"
     run = {"check": True, "capture_output": True, "user": user} if user else {"check": True, "capture_output": True}
-    subprocess.run([binaries / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"], **run)
+    initdb = [binaries / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]
+    subprocess.run(initdb, **run)
     options = f"-k {base} -c listen_addresses='' -p {port} -c fsync=off"
     subprocess.run([binaries / "pg_ctl", "-D", data, "-l", log, "-o", options, "-w", "start"], **run)
     try:

@@ -31,8 +31,14 @@ needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no gradin
 
 
 def _meta(grade_id: str, test: bool, points: int = 0) -> dict:
-    meta = {"grade": test, "grade_id": grade_id, "locked": test, "schema_version": 3, "solution": not test,
-            "task": False}
+    meta = {
+        "grade": test,
+        "grade_id": grade_id,
+        "locked": test,
+        "schema_version": 3,
+        "solution": not test,
+        "task": False,
+    }
     if test:
         meta["points"] = points
     return {"nbgrader": meta}
@@ -116,8 +122,12 @@ def test_kernel_sees_only_its_sandbox(course, monkeypatch):
 
 @needs_bwrap
 def test_a_hung_student_times_out_while_the_others_are_graded(course):
-    submit(course, "hangs", "# EXERCISE: ex1_1\nimport time\nwhile True:\n    try:\n        time.sleep(1)\n"
-                            "    except BaseException:\n        pass")
+    submit(
+        course,
+        "hangs",
+        "# EXERCISE: ex1_1\nimport time\nwhile True:\n    try:\n        time.sleep(1)\n"
+        "    except BaseException:\n        pass",
+    )
     submit(course, "good", CORRECT)
     submit(course, "wrong", "# EXERCISE: ex1_1\ndef add(a, b):\n    return abs(a) + b")
     limits = Limits(cell_timeout_s=600, job_timeout_s=8)
@@ -145,14 +155,13 @@ def test_a_hung_student_times_out_while_the_others_are_graded(course):
     assert summary[0]["exercise"] == "ex1_1" and float(summary[0]["points"]) == 2.0
 
 
-def test_unconfined_mode_grades_the_same(tmp_path):
-    course = tiny_course(tmp_path / "course")
-    submit(course, "good", CORRECT)
-    submit(course, "wrong", "# EXERCISE: ex1_1\ndef add(a, b):\n    return abs(a) + b")
-    results = {r.student: r for r in grade(course, ASSIGNMENT, workers=2, sandbox="none")}
-    assert results["good"].grades[NAME]["ex1_1_add"]["auto_score"] == 1.0
-    assert results["wrong"].grades[NAME]["ex1_1_add"]["auto_score"] == 0.0
-    assert course.load_result(ASSIGNMENT, "good")["status"] == "graded"
+def test_unconfined_mode_grades_the_same(course):
+    submit(course, "free_good", CORRECT)
+    submit(course, "free_wrong", "# EXERCISE: ex1_1\ndef add(a, b):\n    return abs(a) + b")
+    results = {r.student: r for r in grade(course, ASSIGNMENT, ["free_good", "free_wrong"], workers=2, sandbox="none")}
+    assert results["free_good"].grades[NAME]["ex1_1_add"]["auto_score"] == 1.0
+    assert results["free_wrong"].grades[NAME]["ex1_1_add"]["auto_score"] == 0.0
+    assert course.load_result(ASSIGNMENT, "free_good")["status"] == "graded"
 
 
 def test_regrading_replaces_the_scores(course):

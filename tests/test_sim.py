@@ -140,6 +140,18 @@ def test_prefill_first_stalls_running_streams_and_continuous_does_not():
     assert max(metrics.itl(v0.traces[0])) == 2.0 and max(metrics.itl(v1.traces[0])) == 1.0
 
 
+def test_decode_after_prefill_interleaves_like_the_module2_server():
+    # B arrives during A's prefill step, C during B's: V0 keeps prefilling while A stalls; the
+    # module-2 loop decodes once after every prefill step, then admits everyone who arrived
+    work = specs((0.0, 2, 3), (0.5, 2, 2), (1.5, 2, 2))
+    v0 = simulate(work, SimConfig(scheduler="prefill-first"), ONE_SECOND_PER_STEP)
+    assert [times(v0, rid) for rid in "ABC"] == [[1.0, 4.0, 5.0], [2.0, 4.0], [3.0, 4.0]]
+    assert v0.steps.prefill_tokens.tolist() == [2, 2, 2, 0, 0]
+    loop = simulate(work, SimConfig(scheduler="prefill-first", decode_after_prefill=True), ONE_SECOND_PER_STEP)
+    assert [times(loop, rid) for rid in "ABC"] == [[1.0, 2.0, 4.0], [3.0, 4.0], [3.0, 4.0]]
+    assert loop.steps.prefill_tokens.tolist() == [2, 0, 4, 0]
+
+
 def test_max_num_seqs_keeps_the_rest_waiting():
     result = simulate(specs((0.0, 1, 2), (0.0, 1, 2), (0.0, 1, 2)), SimConfig(max_num_seqs=2), ONE_SECOND_PER_STEP)
     assert times(result, "C") == [3.0, 4.0]  # admitted once A and B finished at t=2

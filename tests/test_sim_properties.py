@@ -45,6 +45,7 @@ def configs(draw) -> SimConfig:
         block_size=(block_size := draw(st.sampled_from([1, 4, 16]))),
         num_blocks=cdiv(draw(st.integers(24, 600)), block_size),  # small caches force preemptions
         enable_prefix_caching=draw(st.booleans()) and scheduler != "static",
+        decode_after_prefill=scheduler == "prefill-first" and draw(st.booleans()),
     )
 
 
@@ -62,6 +63,8 @@ def reference_traces(work: Workload, config: SimConfig):
             chunked_prefill=config.chunked_prefill,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
         )
+    elif config.decode_after_prefill:
+        step = steps.PrefillThenDecode(config.token_budget, config.max_num_seqs)
     else:
         step = functools.partial(
             steps.prefill_first_step, token_budget=config.token_budget, max_num_seqs=config.max_num_seqs
@@ -179,7 +182,7 @@ def test_block_manager_invariants_under_random_operations(num_blocks, block_size
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(1, 40), st.integers(2, 40)), min_size=4, max_size=16),
-    st.sampled_from(["continuous", "prefill-first"]),
+    st.sampled_from(["continuous", "prefill-first", "prefill-then-decode"]),
     st.sampled_from([1, 4, 8]),
     st.integers(0, 3),
     st.booleans(),
@@ -188,7 +191,14 @@ def test_under_kv_pressure_preempted_requests_restart_and_still_finish(sizes, sc
     work = Workload([RequestSpec(str(i), 0.001 * i, p, o) for i, (p, o) in enumerate(sizes)])
     # room for the largest request plus a few blocks: everyone else has to squeeze in, and out
     num_blocks = max(cdiv(p + o, block_size) for p, o in sizes) + spare
-    config = SimConfig(scheduler=scheduler, block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=caching)
+    interleave = scheduler == "prefill-then-decode"
+    config = SimConfig(
+        scheduler="prefill-first" if interleave else scheduler,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        enable_prefix_caching=caching,
+        decode_after_prefill=interleave,
+    )
     result = simulate(work, config, COST)
     assert all(len(r.token_times) == r.output_tokens and not r.error for r in result.requests)
     assert (result.steps.used_blocks <= num_blocks).all()

@@ -41,6 +41,7 @@ SCHEDULER_FLAGS = (
     "enable_prefix_caching",
     "watermark",
     "max_model_len",
+    "decode_after_prefill",
 )
 
 
@@ -72,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--prefix-caching", dest="enable_prefix_caching", action="store_const", const=True, default=None)
     s.add_argument("--watermark", type=float, help="fraction of blocks prefill-first keeps free (V0: 0.01)")
     s.add_argument("--max-model-len", type=int, help="reject requests whose prompt + output exceed this")
+    s.add_argument(
+        "--decode-after-prefill",
+        action="store_const",
+        const=True,
+        default=None,
+        help="prefill-first: one decode step after every prefill step (module 2's server loop)",
+    )
     c = parser.add_argument_group("cost model")
     c.add_argument("--cost", dest="kind", choices=("roofline", "linear"), help="step-time model (default roofline)")
     c.add_argument("--gpu", help=f"roofline GPU: {', '.join(hardware.GPUS)} (default H100-SXM)")

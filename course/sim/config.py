@@ -40,6 +40,9 @@ class SimConfig:
         enable_prefix_caching: reuse cached full prompt blocks (continuous and prefill-first).
         watermark: fraction of blocks that prefill-first keeps free when admitting (V0: 0.01).
         max_model_len: longest prompt + output a request may have; longer ones are rejected.
+        decode_after_prefill: prefill-first only: after a prefill step, always run one decode step
+            before admitting again (the loop of module 2's reference server: each iteration prefills
+            what it admitted, then decodes everyone); V0 keeps prefilling while prompts can start.
     """
 
     scheduler: str = "continuous"
@@ -52,6 +55,7 @@ class SimConfig:
     enable_prefix_caching: bool = False
     watermark: float = 0.0
     max_model_len: int | None = None
+    decode_after_prefill: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -97,6 +101,8 @@ class SimConfig:
             parts.append(f"max_num_seqs {self.max_num_seqs}, budget {budget} tokens/step")
             if self.scheduler == "continuous":
                 parts.append("chunked prefill" if self.chunked_prefill else "no chunked prefill")
+            if self.scheduler == "prefill-first" and self.decode_after_prefill:
+                parts.append("a decode step after every prefill step")
             if self.enable_prefix_caching:
                 parts.append("prefix caching")
         parts.append(f"{self.num_blocks} KV blocks of {self.block_size}")

@@ -201,6 +201,8 @@ def _run_iterative(requests: list[_Request], config: SimConfig, cost) -> _Log:
     chunked = config.chunked_prefill
     max_seqs = config.max_num_seqs
     watermark = config.watermark_blocks
+    decode_after_prefill = prefill_first and config.decode_after_prefill
+    last_step_prefilled = False
     step_seconds = cost.step_seconds
     log = _Log()
     waiting: deque[_Request] = deque()
@@ -243,7 +245,8 @@ def _run_iterative(requests: list[_Request], config: SimConfig, cost) -> _Log:
         # applied inline below, because that loop is where the simulator spends its time.
         admitted: list[tuple[_Request, int]] = []
 
-        if prefill_first:  # V0: whole prompts first; decode only when no prompt can start
+        # V0: whole prompts first; decode only when no prompt can start (or right after a prefill step)
+        if prefill_first and not (decode_after_prefill and last_step_prefilled and running):
             while waiting and len(running) < max_seqs:
                 r = waiting[0]
                 hits = blocks.lookup(r.hashes, (r.num_tokens - 1) // bs) if caching else []
@@ -362,6 +365,7 @@ def _run_iterative(requests: list[_Request], config: SimConfig, cost) -> _Log:
         log.add(now, end, prefill, decode, kv_read, pairs, seqs, blocks.num_used_blocks, queued)
         now = end
         step += 1
+        last_step_prefilled = bool(admitted)
         if finished:
             for r in finished:
                 blocks.free(r.rid)

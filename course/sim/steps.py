@@ -180,6 +180,30 @@ def prefill_first_step(
     return schedule_running(running, waiting, blocks, token_budget)[0]
 
 
+class PrefillThenDecode:
+    """:func:`prefill_first_step` with one decode step after every prefill step.
+
+    This is the loop of module 2's reference server (``course/serving/engine.py``) and of many
+    simple engines: each iteration prefills the requests it admitted, then decodes every running
+    request once. V0 instead starts another prefill step as long as a prompt can start.
+    """
+
+    def __init__(self, token_budget: int, max_num_seqs: int, watermark_blocks: int = 0) -> None:
+        self.token_budget, self.max_num_seqs, self.watermark_blocks = token_budget, max_num_seqs, watermark_blocks
+        self.prefilled = False  # was the last step a prefill step?
+
+    def __call__(self, running: list[SimRequest], waiting: deque, blocks) -> list[tuple[SimRequest, int]]:
+        if self.prefilled and running:
+            self.prefilled = False
+            return schedule_running(running, waiting, blocks, self.token_budget)[0]
+        was_waiting = {id(request) for request in waiting}
+        scheduled = prefill_first_step(
+            running, waiting, blocks, self.token_budget, self.max_num_seqs, watermark_blocks=self.watermark_blocks
+        )
+        self.prefilled = any(id(request) in was_waiting for request, _ in scheduled)
+        return scheduled
+
+
 def run_static(
     workload: Workload | Iterable[RequestSpec],
     batch_size: int,

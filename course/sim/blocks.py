@@ -84,8 +84,11 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        # Free queue in LRU order: the front is taken (and its cached prefix evicted) first.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # With prefix caching the free queue is in LRU order (the front is taken, and its cached
+        # prefix evicted, first); without it any free block will do, and a plain list is faster.
+        self._free: OrderedDict[int, None] | list[int] = (
+            OrderedDict.fromkeys(range(num_blocks)) if enable_prefix_caching else list(range(num_blocks - 1, -1, -1))
+        )
         self._ref = [0] * num_blocks
         self._hash: list[Hashable | None] = [None] * num_blocks
         self._cached: dict[Hashable, int] = {}  # block hash -> block holding that prefix
@@ -184,6 +187,12 @@ class BlockManager:
         return True
 
     def _take(self, count: int) -> list[int]:
+        if not self.enable_prefix_caching:
+            blocks = self._free[len(self._free) - count :]
+            del self._free[len(self._free) - count :]
+            for block in blocks:
+                self._ref[block] = 1
+            return blocks
         blocks = []
         for _ in range(count):
             block, _ = self._free.popitem(last=False)
@@ -208,6 +217,11 @@ class BlockManager:
             raise KeyError(f"request {request_id!r} holds no blocks; was it freed twice?")
         del self._tokens[request_id]
         del self._hashed[request_id]
+        if not self.enable_prefix_caching:
+            for block in table:
+                self._ref[block] = 0
+            self._free.extend(reversed(table))
+            return
         for block in reversed(table):
             self._ref[block] -= 1
             if self._ref[block] == 0:

@@ -233,5 +233,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{requests.name}: {len(requests)} requests")
         print(f"{config.describe()}; {result.config['cost']}")
         print(result.table(**slos))
+        if result.failed:
+            reason = next(r.error for r in result.requests if r.error)
+            print(f"{result.failed} requests could not run, e.g. {reason}")
         print(f"simulated {result.busy_seconds:.2f} s of engine time in {result.wall_seconds:.2f} s")
     return 0

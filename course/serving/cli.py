@@ -29,6 +29,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None, help="the id clients send as 'model'")
     parser.add_argument("--max-batch-size", type=int, default=64, help="requests decoded together (1 = one at a time)")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + output tokens)")
+    parser.add_argument(
+        "--max-prefill-tokens", type=int, default=512, help="prompt tokens prefilled per engine iteration (default 512)"
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the GPU if there is one)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
@@ -59,6 +62,7 @@ def serve(args: argparse.Namespace) -> int:
         aliases=aliases,
         max_batch_size=args.max_batch_size,
         max_model_len=args.max_model_len,
+        max_prefill_tokens=args.max_prefill_tokens,
     )
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=2

@@ -189,8 +189,9 @@ class Engine:
         max_model_len: most tokens (prompt + output) per request; default: the model's
             ``max_position_embeddings``.
         max_prefill_tokens: prompt tokens prefilled in one iteration at most (at least one
-            request is always admitted), so a burst of long prompts stalls running decodes
-            for a bounded time.
+            request is always admitted). A burst of new requests is prefilled in groups between
+            decode steps: the first of them get their first token sooner, and running requests
+            stall for a bounded time.
     """
 
     def __init__(
@@ -198,7 +199,7 @@ class Engine:
         lm: LanguageModel,
         max_batch_size: int = 64,
         max_model_len: int | None = None,
-        max_prefill_tokens: int = 4096,
+        max_prefill_tokens: int = 512,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -363,23 +364,33 @@ class Engine:
 
         with torch.inference_mode():
             while True:
-                with self._lock:
-                    while not (self._waiting or self._rows or self._abort or self._stopping):
-                        self._lock.wait()
-                    if self._stopping and not self._abort:
-                        self._fail_everything("the engine is shut down")
+                try:
+                    if self._iteration():
                         return
-                    aborts, self._abort = self._abort, {}
-                    admitted = self._admit()
-                self._apply_aborts(aborts)
-                if admitted:
-                    start = time.perf_counter()
-                    self._guarded(self._prefill, admitted)
-                    self.prefill_seconds += time.perf_counter() - start
-                if self._rows:
-                    start = time.perf_counter()
-                    self._guarded(self._decode, list(self._rows))
-                    self.decode_seconds += time.perf_counter() - start
+                except Exception as err:  # a bug outside a forward pass: fail what is in flight, keep serving
+                    self.last_error = f"engine loop failed: {type(err).__name__}: {err}"
+                    self._fail_everything(self.last_error)
+
+    def _iteration(self) -> bool:
+        """One engine iteration: aborts, admissions (prefill), one decode step. True when stopped."""
+        with self._lock:
+            while not (self._waiting or self._rows or self._abort or self._stopping):
+                self._lock.wait()
+            if self._stopping and not self._abort:
+                self._fail_everything("the engine is shut down")
+                return True
+            aborts, self._abort = self._abort, {}
+            admitted = self._admit()
+        self._apply_aborts(aborts)
+        if admitted:
+            start = time.perf_counter()
+            self._guarded(self._prefill, admitted)
+            self.prefill_seconds += time.perf_counter() - start
+        if self._rows:
+            start = time.perf_counter()
+            self._guarded(self._decode, list(self._rows))
+            self.decode_seconds += time.perf_counter() - start
+        return False
 
     def _admit(self) -> list[EngineRequest]:
         """Pop waiting requests that fit in the batch and the prefill budget (lock held)."""

@@ -190,6 +190,7 @@ def create_app(
     aliases: tuple[str, ...] = (),
     max_batch_size: int = 64,
     max_model_len: int | None = None,
+    max_prefill_tokens: int = 512,
 ):
     """The reference server as a FastAPI app (run it with uvicorn or :class:`BackgroundServer`).
 
@@ -201,6 +202,7 @@ def create_app(
         aliases: more ids accepted as ``model`` (e.g. a local path, as ``transformers serve``).
         max_batch_size: requests decoded together (1 = one request at a time).
         max_model_len: context length in tokens (prompt + output).
+        max_prefill_tokens: prompt tokens prefilled per engine iteration (see :class:`Engine`).
 
     ``app.state.engine`` is the engine; ``app.state.on_server_stop`` holds callbacks that
     :class:`~course.serving.background.BackgroundServer` runs before it stops the server.
@@ -210,7 +212,9 @@ def create_app(
             from course.models import load_model
 
             lm = load_model(verbose=False)
-        engine = Engine(lm, max_batch_size=max_batch_size, max_model_len=max_model_len)
+        engine = Engine(
+            lm, max_batch_size=max_batch_size, max_model_len=max_model_len, max_prefill_tokens=max_prefill_tokens
+        )
     lm = engine.lm
     name = model_name or lm.name
     context = ServingContext(lm.tokenizer, (name, *aliases), engine.max_model_len, lm.vocab_size)

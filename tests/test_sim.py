@@ -403,3 +403,28 @@ def test_cli_config_file_flags_win_and_traces_replay(tmp_path, capsys):
 def test_cli_bad_input_names_the_problem(args, message, capsys):
     assert main(["simulate", "--requests", "5", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_plots_draw_every_kind_of_run():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course.sim import plots
+
+    work = specs((0.0, 40, 6), (0.1, 30, 8), (0.2, 50, 4))
+    tight = simulate(work, SimConfig(block_size=4, num_blocks=24), LinearCost(0.01, 1e-3, 1e-3, 0))
+    static = simulate(work, SimConfig(scheduler="static"), ONE_SECOND_PER_STEP)
+    assert tight.preemptions > 0
+    for ax in (
+        plots.gantt(tight),
+        plots.kv_usage({"tight": tight, "static": static}),
+        plots.latency_cdfs({"tight": tight, "static": static}, "itl", logx=True),
+        plots.step_load(tight, start=0.0, end=0.2),
+        plots.step_times(tight, start=0.0, end=0.2),
+    ):
+        assert ax.get_title(), "every plot has a title"
+    plt.close("all")
+    with pytest.raises(ValueError, match="metric"):
+        plots.latency_cdfs(tight, "speed")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from dataclasses import replace
 
 import numpy as np
 
@@ -412,8 +411,3 @@ def _run_static(requests: list[_Request], config: SimConfig, cost) -> _Log:
             now, step = end, step + 1
         assert step == first + longest_output
     return log
-
-
-def with_config(config: SimConfig, **changes) -> SimConfig:
-    """A copy of ``config`` with some settings changed (``dataclasses.replace``, validated)."""
-    return replace(config, **changes)

@@ -25,8 +25,21 @@ DIST_NAME = "llm-serving-course"
 MIN_PYTHON = (3, 11)
 MIN_VERSIONS = {"torch": "2.4", "transformers": "5.0", "numpy": "1.26", "matplotlib": "3.8"}
 
-# Modules that the library imports at run time, by distribution name.
-RUNTIME_DISTRIBUTIONS = ("torch", "transformers", "tokenizers", "numpy", "matplotlib", "tqdm", "packaging")
+# What the library imports at run time, by distribution name; used when the course itself is
+# not installed as a distribution (imported from a clone), else its declared requirements win.
+RUNTIME_DISTRIBUTIONS = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "numpy",
+    "matplotlib",
+    "tqdm",
+    "packaging",
+    "fastapi",
+    "uvicorn",
+    "httpx",
+    "openai",
+)
 
 # Environment that keeps notebook output clean: progress bars and library warnings go to
 # stderr, and stderr in a graded cell would cost points under nbgrader.
@@ -144,8 +157,24 @@ def version_problems(versions: dict[str, str | None], python: tuple[int, int]) -
     return problems
 
 
+def runtime_requirements() -> list[str]:
+    """Distribution names the course needs at run time on this platform (no extras)."""
+    try:
+        declared = importlib.metadata.requires(DIST_NAME) or []
+    except importlib.metadata.PackageNotFoundError:
+        return list(RUNTIME_DISTRIBUTIONS)
+    from packaging.requirements import Requirement
+
+    names = []
+    for line in declared:
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            names.append(requirement.name)
+    return names
+
+
 def _missing_distributions() -> list[str]:
-    return [name for name in RUNTIME_DISTRIBUTIONS if installed_version(name) is None]
+    return [name for name in runtime_requirements() if installed_version(name) is None]
 
 
 def install_course_in_colab() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,7 +32,9 @@ def forbid_reference(*modules: ModuleType) -> Iterator[None]:
     """Raise AssertionError if code in the block calls any function defined in ``modules``.
 
     Works however the function was reached (``course.metrics.ttft``, ``from course.metrics
-    import ttft as t``, a wrapper): it watches which source files the calls run in.
+    import ttft as t``, a wrapper): it watches which source files the calls run in, on this
+    thread and on threads started inside the block (a server or a worker pool started by the
+    answer). Threads that were already running before the block are not watched.
     """
     files = {str(Path(module.__file__).resolve()) for module in modules}
     files |= {module.__file__ for module in modules}
@@ -41,12 +44,14 @@ def forbid_reference(*modules: ModuleType) -> Iterator[None]:
         if event == "call" and frame.f_code.co_filename in files and not called:
             called.append(f"{Path(frame.f_code.co_filename).stem}.{frame.f_code.co_name}")
 
-    previous = sys.getprofile()
+    previous, previous_threads = sys.getprofile(), threading.getprofile()
     sys.setprofile(watch)
+    threading.setprofile(watch)
     try:
         yield
     finally:
         sys.setprofile(previous)
+        threading.setprofile(previous_threads)
     if called:
         raise AssertionError(
             f"Your answer calls the course's reference implementation (course.{called[0]}). "

@@ -137,3 +137,9 @@ def test_quick_mode(monkeypatch, variables, expected):
     for key, value in variables.items():
         monkeypatch.setenv(key, value)
     assert env.quick_mode() is expected
+
+
+def test_runtime_requirements_come_from_the_installed_distribution():
+    names = env.runtime_requirements()
+    assert {"torch", "transformers", "fastapi", "openai"} <= set(names)
+    assert "nbgrader" not in names and "jupyterlab" not in names  # extras are not runtime needs

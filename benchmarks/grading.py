@@ -134,7 +134,8 @@ def main() -> int:
         f"\n{'workers':>7} {'collect':>8} {'repair':>7} {'grade':>7} {'feedback':>9} {'export':>7} {'total':>7} "
         f"{'s/submission':>13} {'job mean':>9} {'speed-up':>9}"
     )
-    base_total = rows[0][1]["total"]
+    base_workers, base = min(rows, key=lambda row: row[0])
+    base_total = base["total"]
     for workers, t in rows:
         print(
             f"{workers:7d} {t['collect']:8.1f} {t['repair']:7.1f} {t['grade']:7.1f} {t['feedback']:9.1f} "
@@ -143,7 +144,7 @@ def main() -> int:
         )
     print(
         "(seconds; s/submission = total end-to-end time / submissions; job mean = one student's sandboxed "
-        "grading, wall clock)"
+        f"grading, wall clock; speed-up against {base_workers} worker(s))"
     )
     return 0
 

@@ -25,6 +25,7 @@ import copy
 import io
 import os
 import re
+import subprocess
 import tarfile
 import tempfile
 import urllib.request
@@ -204,7 +205,7 @@ def check_notebook(
         saved = {key: os.environ.get(key) for key in ("NBGRADER_EXECUTION", "COURSE_QUICK")}
         os.environ.update(NBGRADER_EXECUTION="autograde", COURSE_QUICK="1")  # as under the grader: quick mode
         try:
-            client.execute()
+            client.execute(stderr=subprocess.DEVNULL)  # the kernel's own log lines are not the learner's business
         finally:
             for key, value in saved.items():
                 if value is None:

@@ -30,6 +30,8 @@ from autograder import notebooks
 # Keys Colab adds; they mean nothing to Jupyter or nbgrader.
 COLAB_CELL_KEYS = ("id", "colab", "outputId", "executionInfo", "colab_type")
 COLAB_NOTEBOOK_KEYS = ("colab", "accelerator", "gpuClass", "widgets")
+# The metadata that decides how nbgrader grades a cell (checksums are restored too, but silently).
+GRADING_KEYS = ("grade", "grade_id", "locked", "points", "solution", "task")
 _DEF = re.compile(r"^(?:async\s+)?(?:def|class)\s+([A-Za-z_]\w*)", re.MULTILINE)
 
 
@@ -176,10 +178,10 @@ def repair(submission: NotebookNode, release: NotebookNode) -> RepairResult:
                 cell.cell_type = release_cell.cell_type
             retyped.append(gid)
         wanted = copy.deepcopy(release_cell.metadata.get("nbgrader", {}))
-        if cell.get("metadata", {}).get("nbgrader") != wanted:
-            if gid not in adopted:
-                restored.append(gid)
-            cell.setdefault("metadata", NotebookNode())["nbgrader"] = wanted
+        have = cell.get("metadata", {}).get("nbgrader") or {}
+        if any(have.get(key) != wanted.get(key) for key in GRADING_KEYS) and gid not in adopted:
+            restored.append(gid)
+        cell.setdefault("metadata", NotebookNode())["nbgrader"] = wanted
         for flag in ("deletable", "editable"):
             if flag in release_cell.metadata:
                 cell.metadata[flag] = release_cell.metadata[flag]

@@ -145,6 +145,12 @@ def _bwrap_command(job_dir: Path, limits: Limits) -> list[str]:
             command += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             command += ["--ro-bind", top, top]
+    # The writable places come first: mounts are applied in order, and a tmpfs on /tmp would hide a
+    # Python environment or a checkout that lives under /tmp (a CI clone, a pytest tmp_path).
+    size = str(limits.disk_bytes)
+    command += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
+    command += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
+    command += ["--perms", "0755", "--size", size, "--tmpfs", "/grading"]
     mounted = ["/usr"]
     for path in sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), *_package_dirs()}):
         if not any(path == m or path.startswith(m + "/") for m in mounted):
@@ -154,14 +160,10 @@ def _bwrap_command(job_dir: Path, limits: Limits) -> list[str]:
         # bwrap would create the parents of a mount point as 0700 root: the kernel's user could not
         # walk through them to the Python installation.
         for parent in reversed(Path(path).parents[:-1]):
-            if str(parent) not in created and str(parent) not in {"/usr", "/etc"}:
+            if str(parent) not in created and str(parent) not in {"/usr", "/etc", "/tmp"}:
                 command += ["--perms", "0755", "--dir", str(parent)]
                 created.add(str(parent))
         command += ["--ro-bind", path, path]
-    size = str(limits.disk_bytes)
-    command += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
-    command += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
-    command += ["--perms", "0755", "--size", size, "--tmpfs", "/grading"]
     command += ["--ro-bind", str(job_dir / "in"), "/input", "--bind", str(job_dir / "out"), "/output"]
     command += ["--chdir", "/grading", "--"]
     return command

@@ -78,7 +78,8 @@ def test_every_submission_was_graded(graded):
 
 
 def test_blank_notebook_scores_zero_on_every_cell(graded):
-    _, run, _, _ = graded
+    _, run, points, _ = graded
+    assert set(run.scores["blank"]) == set(points), "the blank notebook was not graded"
     scored = {grade_id: cell.score for grade_id, cell in run.scores["blank"].items() if cell.score != 0}
     assert not scored, f"the blank notebook scored points on {scored}"
 
@@ -93,6 +94,7 @@ def test_solution_scores_full_marks(graded):
 def test_fixtures_score_as_expected(graded):
     assignment, run, _, fixtures = graded
     for name, (_, expected) in fixtures.items():
+        assert run.scores[name], f"{assignment}/{name} was not graded at all\n{run.log[-3000:]}"
         scores = exercise_scores(run.scores[name])
         for exercise, (score, maximum) in scores.items():
             outcome = expected.get(exercise, "full")  # exercises a fixture leaves alone keep the solution

@@ -2,7 +2,8 @@
 #   bubblewrap  the autograder's sandbox (tests/test_autograder_hostile.py, tests/test_autograder_sandbox.py)
 #   postgresql  a throwaway PostgreSQL server for the gradebook test (tests/test_autograder_postgres.py)
 # As root on a Debian/Ubuntu machine, missing packages are installed (one `apt-get update`, then
-# `apt-get install`). Otherwise this prints what to install, and the tests that need a package skip.
+# `apt-get install`). Otherwise this prints what to install, and the tests that need a package skip,
+# unless COURSE_REQUIRE_SYSTEM_PACKAGES=1 (as in CI, .ci/run): then a missing package stops the run.
 
 course_system_packages() {
     local missing=()
@@ -24,3 +25,10 @@ course_system_packages() {
 }
 
 course_system_packages
+if [ "${COURSE_REQUIRE_SYSTEM_PACKAGES:-0}" = 1 ]; then
+    if ! command -v bwrap >/dev/null 2>&1 || ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+        echo "error: bubblewrap and postgresql are required here (COURSE_REQUIRE_SYSTEM_PACKAGES=1) and could not" \
+             "be installed; see /tmp/course-apt.log" >&2
+        exit 1
+    fi
+fi

@@ -24,6 +24,7 @@ def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     assert "bin/lab" in readme and "bin/test" in readme
     assert re.search(r"^exec bin/test$", (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
+    assert "COURSE_REQUIRE_SYSTEM_PACKAGES=1" in (ROOT / ".ci" / "run").read_text()
     assert os.access(ROOT / ".ci" / "run", os.X_OK) and os.access(ROOT / "bin" / "lab", os.X_OK)
 
 
@@ -91,3 +92,17 @@ def stop(process: subprocess.Popen) -> None:
         pass
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_ci_can_run_the_sandbox_and_postgresql():
+    """In CI (.ci/run sets COURSE_REQUIRE_SYSTEM_PACKAGES=1) the grading tests must run, never skip."""
+    import glob
+
+    import pytest
+
+    if os.environ.get("COURSE_REQUIRE_SYSTEM_PACKAGES") != "1":
+        pytest.skip("only required where .ci/run asks for it")
+    from autograder.sandbox import bwrap_problem
+
+    assert bwrap_problem() is None, f"the grading sandbox cannot run here: {bwrap_problem()}"
+    assert glob.glob("/usr/lib/postgresql/*/bin/initdb"), "PostgreSQL server binaries are missing"

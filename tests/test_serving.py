@@ -16,7 +16,7 @@ from course.serving.background import BackgroundServer, run_sync
 from course.serving.client import PromptBuilder, run_load, stream_request
 from course.serving.engine import Engine
 from course.serving.server import create_app
-from course.serving.testing import chatty_tiny_model, greedy_reference, sse_json
+from course.serving.testing import chatty_tiny_model, failing_decode, greedy_reference, sse_json
 from course.trace import load_traces
 from course.workload import all_at_once, from_traces, poisson
 
@@ -251,24 +251,13 @@ def test_non_streaming_disconnect_stops_generation_server_side(server):
     assert engine.tokens_generated - generated_before < 500
 
 
-def test_error_after_streaming_began_is_an_event_then_done(server, monkeypatch):
-    engine = server.engine
-    original = engine._decode
-    calls = {"n": 0}
-
-    def failing(rows):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("device lost")
-        return original(rows)
-
-    monkeypatch.setattr(engine, "_decode", failing)
+def test_error_after_streaming_began_is_an_event_then_done(server):
     body = {"model": MODEL, "prompt": "x", "max_tokens": 50, "stream": True, "ignore_eos": True}
-    events, done = sse_json(httpx.post(server.base_url + "/completions", json=body, timeout=30).text)
+    with failing_decode(server.engine, on_call=3, message="device lost"):
+        events, done = sse_json(httpx.post(server.base_url + "/completions", json=body, timeout=30).text)
     assert done and "error" in events[-1] and "device lost" in events[-1]["error"]["message"]
     assert all("choices" in e for e in events[:-1]) and len(events) > 1
-    monkeypatch.setattr(engine, "_decode", original)
-    assert wait_idle(engine)
+    assert wait_idle(server.engine)
 
 
 def test_models_and_health(server):

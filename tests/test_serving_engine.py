@@ -11,7 +11,7 @@ import torch
 from course.models import load_tokenizer
 from course.serving.detok import IncrementalDetokenizer
 from course.serving.engine import Engine, SamplingParams
-from course.serving.testing import ForwardLog, chatty_tiny_model, greedy_reference
+from course.serving.testing import ForwardLog, chatty_tiny_model, failing_decode, greedy_reference
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -112,20 +112,10 @@ def test_eos_stops_unless_ignored():
     engine.stop()
 
 
-def test_a_failing_forward_pass_fails_its_requests_not_the_engine(lm64, monkeypatch):
+def test_a_failing_forward_pass_fails_its_requests_not_the_engine(lm64):
     engine = Engine(lm64)
-    original = engine._decode
-    calls = {"n": 0}
-
-    def flaky(rows):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise RuntimeError("simulated out of memory")
-        return original(rows)
-
-    monkeypatch.setattr(engine, "_decode", flaky)
-    broken = engine.submit([5, 6, 7], SamplingParams(max_tokens=10, ignore_eos=True))
-    events = list(broken)
+    with failing_decode(engine, on_call=2, message="simulated out of memory"):
+        events = list(engine.submit([5, 6, 7], SamplingParams(max_tokens=10, ignore_eos=True)))
     assert events[-1].finish_reason == "error" and "simulated out of memory" in events[-1].error
     assert engine.generate([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True)) == greedy_reference(
         lm64, [5, 6, 7], 4

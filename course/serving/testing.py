@@ -7,13 +7,15 @@
   can check "prefill once, then one token per step" and count decode steps server-side.
 * :func:`greedy_reference`: greedy tokens computed the straightforward way, for comparison.
 * :func:`sse_data`: the ``data:`` payloads of a raw SSE body, checking the framing on the way.
+* :func:`failing_decode`: make one decode step of an engine raise, to test error handling.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from fastapi import Request  # at module level: FastAPI resolves the handlers' string annotations here
 
@@ -74,6 +76,26 @@ class ForwardLog:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+
+@contextmanager
+def failing_decode(engine, on_call: int, message: str) -> Iterator[None]:
+    """Inside the block, the engine's ``on_call``-th decode step raises RuntimeError(message)."""
+    original = engine._decode
+    calls = 0
+
+    def decode(rows):
+        nonlocal calls
+        calls += 1
+        if calls == on_call:
+            raise RuntimeError(message)
+        return original(rows)
+
+    engine._decode = decode
+    try:
+        yield
+    finally:
+        engine._decode = original
 
 
 def greedy_reference(lm: LanguageModel, prompt_ids: Sequence[int], max_tokens: int, stop_ids=()) -> list[int]:

@@ -27,19 +27,17 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
+from _processes import CLIENT_CORE, SERVER_CORE, free_port, pinned, single_thread_env, start_server, stop
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SERVER_CORE, CLIENT_CORE = "0", "1"
 
 RAW_STEP = """
 import json, statistics, time, torch
@@ -61,48 +59,6 @@ for batch in (1, 16):
     out[batch] = statistics.median(steps)
 print(json.dumps(out))
 """
-
-
-def pinned(core: str, command: list[str]) -> list[str]:
-    return ["taskset", "-c", core, *command] if shutil.which("taskset") else command
-
-
-def environment() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with code {process.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"{url} did not come up within {timeout} s")
-
-
-def stop(process: subprocess.Popen) -> None:
-    """Stop a server by its PID: TERM, then KILL (uvicorn can wait on a running generation)."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 def bench(url: str, model: str, concurrency: int, args: argparse.Namespace) -> dict:
@@ -127,7 +83,9 @@ def bench(url: str, model: str, concurrency: int, args: argparse.Namespace) -> d
         "--no-progress",
         "--json",
     ]
-    done = subprocess.run(pinned(CLIENT_CORE, command), env=environment(), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        pinned(CLIENT_CORE, command), env=single_thread_env(), capture_output=True, text=True, timeout=900
+    )
     if done.returncode != 0:
         raise RuntimeError(f"course bench failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout)
@@ -138,7 +96,7 @@ def raw_decode_step(args: argparse.Namespace) -> dict[int, float]:
     code = RAW_STEP.replace("PROMPT", str(args.prompt_tokens)).replace("STEPS", str(args.output_tokens))
     done = subprocess.run(
         pinned(SERVER_CORE, [sys.executable, "-c", code]),
-        env=environment(),
+        env=single_thread_env(),
         capture_output=True,
         text=True,
         check=True,
@@ -163,11 +121,12 @@ def run_server(name: str, command: list[str], model: str, args: argparse.Namespa
     url = f"http://127.0.0.1:{port}"
     results = {}
     with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(
-            pinned(SERVER_CORE, command), env=environment(), stdout=log, stderr=subprocess.STDOUT
-        )
         try:
-            wait_until_up(url, process)
+            process = start_server(command, url + "/v1/models", log)
+        except RuntimeError as err:
+            print(f"  {name}: {err}", flush=True)
+            return results
+        try:
             for concurrency in args.concurrency:
                 runs = []
                 for _ in range(args.repeats):
@@ -184,7 +143,7 @@ def run_server(name: str, command: list[str], model: str, args: argparse.Namespa
                         results.setdefault("engine_step", []).append(step)
                 results[concurrency] = runs
                 print(f"  {name:40s} concurrency {concurrency:2d}: " + describe(runs), flush=True)
-        except (RuntimeError, TimeoutError) as err:
+        except RuntimeError as err:
             log.seek(0)
             print(f"  {name}: {err}\n{log.read()[-1500:]}", flush=True)
         finally:
@@ -242,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
     tiny = workdir / "tiny-llama"
-    subprocess.run([str(BIN / "course"), "tiny-model", str(tiny)], env=environment(), check=True, capture_output=True)
+    subprocess.run(
+        [str(BIN / "course"), "tiny-model", str(tiny)], env=single_thread_env(), check=True, capture_output=True
+    )
 
     servers = {}
     course_serve = [str(BIN / "course"), "serve", "--model", "tiny", "--threads", "1"]

@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
+from typing import IO
+
+from _processes import CLIENT_CORE, pinned, single_thread_env, start_server, stop
 
 from course import metrics
 from course.sim import LinearCost, SimConfig, StepSample, simulate
@@ -47,48 +47,17 @@ from course.workload import from_traces
 TARGETS = {"p50": 0.10, "p95": 0.15}
 
 
-def pinned(core: int) -> list[str]:
-    """``taskset -c core`` when the machine has that core and taskset exists, else nothing."""
-    if shutil.which("taskset") and (os.cpu_count() or 1) > core:
-        return ["taskset", "-c", str(core)]
-    return []
-
-
-def start_server(port: int, max_batch_size: int, max_prefill_tokens: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [*pinned(0), sys.executable, "-m", "course.cli", "serve", "--port", str(port), "--threads", "1",
+def start_course_server(port: int, max_batch_size: int, max_prefill_tokens: int, log: IO):
+    command = [sys.executable, "-m", "course.cli", "serve", "--port", str(port), "--threads", "1",
                "--max-batch-size", str(max_batch_size), "--max-prefill-tokens", str(max_prefill_tokens)]  # fmt: skip
-    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"course serve exited with {process.returncode}; see {log}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                if json.load(response).get("status") == "ok":
-                    return process
-        except OSError:
-            time.sleep(0.5)
-    process.kill()
-    raise RuntimeError(f"course serve did not answer /health within 120 s; see {log}")
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        if process.poll() is not None:
-            return
-        process.send_signal(sig)
-        try:
-            process.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
+    return start_server(command, f"http://127.0.0.1:{port}/health", log)
 
 
 def bench(port: int, out: Path, *options: str) -> list:
     """Run ``course bench`` on core 1 and return its traces (failed requests raise)."""
-    command = [*pinned(1), sys.executable, "-m", "course.cli", "bench", "--base-url", f"http://127.0.0.1:{port}",
+    command = [sys.executable, "-m", "course.cli", "bench", "--base-url", f"http://127.0.0.1:{port}",
                "--no-progress", "--json", "--output", str(out), *options]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(pinned(CLIENT_CORE, command), capture_output=True, text=True, env=single_thread_env())
     if result.returncode != 0:
         raise RuntimeError(f"course bench {' '.join(options)} failed:\n{result.stderr[-2000:]}")
     traces = load_traces(out)
@@ -137,7 +106,8 @@ def main() -> int:
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="sim-fidelity-"))
     work.mkdir(parents=True, exist_ok=True)
-    server = start_server(args.port, args.max_batch_size, args.max_prefill_tokens, work / "server.log")
+    server_log = (work / "server.log").open("w+")
+    server = start_course_server(args.port, args.max_batch_size, args.max_prefill_tokens, server_log)
     try:
         # Calibrate once before and twice after the run, and fit the per-configuration median of the
         # three rounds: a machine that gets busier or quieter disturbs calibration and run alike, and
@@ -155,7 +125,8 @@ def main() -> int:
             print(f"calibration {index} after the run:", flush=True)
             rounds.append(calibrate(args.port, work / f"after{index}"))
     finally:
-        stop_server(server)
+        stop(server)
+        server_log.close()
     samples = []
     for same in zip(*rounds):  # one microbenchmark, measured in each round
         seconds = statistics.median(sample.seconds for sample in same)

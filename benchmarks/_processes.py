@@ -1,0 +1,83 @@
+"""Start, pin and stop server and client processes for the benchmarks (shared by serving.py and
+sim_fidelity.py).
+
+On 2 cores the load client competes with the server for the CPU, so the server runs on core 0 and
+the client on core 1, each with one thread (peers.md, "Benchmarking fairly on 2 cores").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from typing import IO
+
+SERVER_CORE, CLIENT_CORE = 0, 1
+
+
+def pinned(core: int, command: list[str]) -> list[str]:
+    """``command`` under ``taskset -c core`` when taskset exists and the machine has that core."""
+    if shutil.which("taskset") and (os.cpu_count() or 1) > core:
+        return ["taskset", "-c", str(core), *command]
+    return list(command)
+
+
+def single_thread_env() -> dict[str, str]:
+    """This environment with one math thread and no model hub."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(command: list[str], ready_url: str, log: IO, timeout: float = 120) -> subprocess.Popen:
+    """Start a server pinned to SERVER_CORE and wait until ``ready_url`` answers 200.
+
+    Raises RuntimeError (with the tail of the log) if it exits or does not answer in time.
+    """
+    process = subprocess.Popen(
+        pinned(SERVER_CORE, command), env=single_thread_env(), stdout=log, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with code {process.returncode}: {_tail(log)}")
+        try:
+            with urllib.request.urlopen(ready_url, timeout=2) as response:
+                if response.status == 200:
+                    return process
+        except OSError:
+            time.sleep(0.5)
+    stop(process)
+    raise RuntimeError(f"{ready_url} did not answer within {timeout:.0f} s: {_tail(log)}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Stop a server by its PID: TERM, then KILL (uvicorn can wait forever on a running generation)."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        if process.poll() is not None:
+            return
+        process.send_signal(sig)
+        try:
+            process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(log: IO, chars: int = 1500) -> str:
+    try:
+        log.flush()
+        log.seek(0)
+        return log.read()[-chars:]
+    except (OSError, ValueError):
+        return "(no log)"

@@ -39,30 +39,7 @@ def _summarize(args: argparse.Namespace) -> int:
     traces = load_traces(args.traces)
     summary = summarize(traces, percentiles=args.percentiles)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "completed": summary.completed,
-                    "failed": summary.failed,
-                    "duration_s": summary.duration,
-                    "output_throughput_tok_s": summary.output_throughput,
-                    **{
-                        name: {
-                            "n": stats.n,
-                            "mean_s": stats.mean,
-                            **{f"p{q:g}_s": v for q, v in stats.percentiles.items()},
-                        }
-                        for name, stats in (
-                            ("ttft", summary.ttft),
-                            ("itl", summary.itl),
-                            ("tpot", summary.tpot),
-                            ("e2e", summary.e2e),
-                        )
-                    },
-                },
-                indent=1,
-            )
-        )
+        print(json.dumps(summary.to_dict(), indent=1))
     else:
         print(summary.table())
     return 0

@@ -157,15 +157,7 @@ def stream_request(
             next_ids = logits[:, -1:].argmax(-1)
             synchronize(lm)
             chunk_times.append(time.perf_counter())
-    return RequestTrace(
-        request_id=request_id,
-        send_time=send,
-        chunk_times=chunk_times,
-        chunk_tokens=[1] * len(chunk_times),
-        prompt_tokens=int(prompt_ids.shape[1]),
-        output_tokens=len(chunk_times),
-        finish_reason="length",
-    )
+    return RequestTrace.from_token_times(request_id, send, chunk_times, int(prompt_ids.shape[1]))
 
 
 def serve_one_at_a_time(

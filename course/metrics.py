@@ -73,6 +73,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else 0.0
 
 
+def run_duration(traces: Sequence[RequestTrace]) -> float:
+    """A run's wall-clock length (s): first send to last chunk of the successful requests; 0 if none.
+
+    vLLM's benchmark divides by its own wall clock around the whole run; a trace file has no such
+    clock, so this is the span the successful requests cover (failed ones have no chunks).
+    """
+    ok = [t for t in traces if t.succeeded]
+    if not ok:
+        return 0.0
+    return max(t.chunk_times[-1] for t in ok) - min(t.send_time for t in ok)
+
+
 @dataclass(frozen=True)
 class Stats:
     """Summary of one metric: count, mean and chosen percentiles (same unit as the inputs)."""
@@ -125,6 +137,25 @@ class BenchmarkSummary:
         """Completed requests per second."""
         return self.completed / self.duration if self.duration > 0 else 0.0
 
+    def to_dict(self) -> dict:
+        """The summary as plain JSON-ready numbers: counts, seconds (``*_s``) and throughputs.
+
+        ``course bench --json``, ``course summarize --json`` and ``course simulate --json`` all
+        print these keys, so their outputs can be compared field by field.
+        """
+        out: dict = {
+            "completed": self.completed,
+            "failed": self.failed,
+            "duration_s": self.duration,
+            "output_tokens": self.output_tokens,
+            "output_throughput_tok_s": self.output_throughput,
+            "request_throughput_req_s": self.request_throughput,
+        }
+        for name in ("ttft", "itl", "tpot", "e2e"):
+            stats: Stats = getattr(self, name)
+            out[name] = {"n": stats.n, "mean_s": stats.mean, **{f"p{q:g}_s": v for q, v in stats.percentiles.items()}}
+        return out
+
     def table(self) -> str:
         """A fixed-width table in milliseconds, one row per metric."""
         qs = list(self.ttft.percentiles)
@@ -151,20 +182,18 @@ def summarize(
     Args:
         traces: every request of the run, failed ones included (they are counted, not measured).
         percentiles: which percentiles to report (0..100).
-        duration: wall-clock length of the run (s); by default from the first send to the
-            last chunk of the successful requests.
+        duration: wall-clock length of the run (s); by default :func:`run_duration` (first send
+            to last chunk of the successful requests).
     """
     ok = [t for t in traces if t.succeeded]
     ttfts = [ttft(t) for t in ok]
     e2es = [e2e(t) for t in ok]
     itls = [gap for t in ok for gap in itl(t)]  # pooled: one value per gap, not per request
     tpots = [value for t in ok if (value := tpot(t)) is not None]
-    if duration is None:
-        duration = max(t.chunk_times[-1] for t in ok) - min(t.send_time for t in ok) if ok else 0.0
     return BenchmarkSummary(
         completed=len(ok),
         failed=len(traces) - len(ok),
-        duration=duration,
+        duration=run_duration(ok) if duration is None else duration,
         output_tokens=sum(t.output_tokens for t in ok),
         ttft=describe(ttfts, percentiles),
         itl=describe(itls, percentiles),
@@ -229,7 +258,7 @@ def goodput(
     the TTFT and the TPOT SLO; vLLM's benchmark (``vllm/benchmarks/serve.py``, ``--goodput
     ttft:<ms> tpot:<ms> e2el:<ms>``) calls a request good when every given metric is <= its SLO,
     treats TPOT as 0 for outputs of one token, and divides the good count by the run's duration.
-    ``duration`` defaults to :func:`summarize`'s (first send to last chunk of the successful requests).
+    ``duration`` defaults to :func:`run_duration` (first send to last chunk of the successful requests).
     """
     given = (("ttft", ttft_slo), ("tpot", tpot_slo), ("e2e", e2e_slo))
     slos = {name: value for name, value in given if value is not None}
@@ -245,5 +274,5 @@ def goodput(
         if all(measured[name] <= limit for name, limit in slos.items()):
             good += 1
     if duration is None:
-        duration = max(t.chunk_times[-1] for t in ok) - min(t.send_time for t in ok) if ok else 0.0
+        duration = run_duration(ok)
     return Goodput(good=good, total=len(traces), duration=duration, slos=slos)

@@ -87,11 +87,15 @@ def band(ax, xs: Sequence[float], low: Sequence[float], high: Sequence[float], k
     return ax.fill_between(xs, low, high, color=COLORS.get(kind, COLORS["other"]), alpha=0.18, linewidth=0)
 
 
-def cdf(ax, values: Sequence[float], kind: str, label: str | None = None, scale: float = 1.0):
-    """Empirical CDF of ``values`` (multiplied by ``scale``, e.g. 1e3 for ms)."""
+def cdf(ax, values: Sequence[float], kind: str, label: str | None = None, scale: float = 1.0, color: str | None = None):
+    """Empirical CDF of ``values`` (multiplied by ``scale``, e.g. 1e3 for ms).
+
+    Drawn in the colour of ``kind`` (see COLORS), or in ``color`` when several runs of the same
+    metric share one axes.
+    """
     xs = np.sort(np.asarray(values, dtype=float)) * scale
     ys = np.arange(1, len(xs) + 1) / max(len(xs), 1)
-    return ax.step(xs, ys, where="post", color=COLORS.get(kind, COLORS["other"]), label=label)
+    return ax.step(xs, ys, where="post", color=color or COLORS.get(kind, COLORS["other"]), label=label)
 
 
 def mark_percentiles(ax, values: Sequence[float], kind: str, qs: Sequence[float] = (50, 95, 99), scale: float = 1.0):

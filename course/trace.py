@@ -9,7 +9,7 @@ runs are compared with the same code. Times are seconds on one monotonic clock
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -67,6 +67,36 @@ class RequestTrace:
     def succeeded(self) -> bool:
         """A request counts when it did not fail and at least one chunk arrived (vLLM's rule)."""
         return self.error is None and len(self.chunk_times) > 0
+
+    @classmethod
+    def from_token_times(
+        cls,
+        request_id: str,
+        send_time: float,
+        token_times: Sequence[float],
+        prompt_tokens: int = 0,
+        *,
+        error: str | None = None,
+        finish_reason: str = "length",
+    ) -> RequestTrace:
+        """A trace of one chunk per output token, from the times the tokens became available (s).
+
+        The one convention for the traces the library records itself (live measurements, the
+        simulator, the static-batching reference): ``output_tokens`` counts the token times, and a
+        request that failed (``error`` given, e.g. rejected or cut off) has no ``finish_reason``.
+        Requests generate until their output length, so one that did not fail finished by "length".
+        """
+        times = list(token_times)
+        return cls(
+            request_id=request_id,
+            send_time=send_time,
+            chunk_times=times,
+            chunk_tokens=[1] * len(times),
+            prompt_tokens=prompt_tokens,
+            output_tokens=len(times),
+            finish_reason=None if error else finish_reason,
+            error=error,
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from course.cli import main as course_main
+from course.metrics import summarize
 from course.trace import RequestTrace, save_traces
 
 
@@ -32,6 +33,9 @@ def test_course_summarize_prints_table_and_json(tmp_path, capsys):
     assert course_main(["summarize", str(path), "--json", "--percentiles", "50", "90"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["completed"] == 4 and data["itl"]["n"] == 4 and "p90_s" in data["ttft"]
+    # the same record as `course bench --json` and `course simulate --json` print
+    assert data == summarize(traces, percentiles=[50, 90]).to_dict()
+    assert data["output_tokens"] == 8 and data["request_throughput_req_s"] == pytest.approx(4 / 0.42)
 
 
 def test_course_summarize_bad_file_is_a_clear_error(tmp_path, capsys):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import json
 
 import numpy as np
 import pytest
+from helpers import reference
 
-from course import metrics, workload
+from course import limits, metrics, workload
 from course.cli import main
 from course.geometry import LLAMA3_8B, ModelGeometry
 from course.hardware import HardwareSpec, gpu
@@ -19,7 +19,6 @@ from course.sim import (
     SimConfig,
     StepSample,
     cap_output,
-    harness,
     kv_blocks,
     prompt_block_hashes,
     samples_from_timings,
@@ -42,27 +41,6 @@ def specs(*rows: tuple[float, int, int], segments=None) -> Workload:
 
 def times(result, request_id: str) -> list[float]:
     return next(t for t in result.traces if t.request_id == request_id).chunk_times
-
-
-def reference(work: Workload, config: SimConfig, cost) -> harness.HarnessRun:
-    """The same simulation through the readable harness and step functions."""
-    blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-    if config.scheduler == "continuous":
-        step = functools.partial(
-            steps.continuous_step,
-            token_budget=config.token_budget,
-            max_num_seqs=config.max_num_seqs,
-            chunked_prefill=config.chunked_prefill,
-        )
-    else:
-        step = functools.partial(
-            steps.prefill_first_step, token_budget=config.token_budget, max_num_seqs=config.max_num_seqs
-        )
-
-    def hashes(spec):
-        return prompt_block_hashes(spec.request_id, spec.prompt_tokens, config.block_size, spec.prompt_segments)
-
-    return harness.run(work, step, blocks, cost, block_hashes=hashes if config.enable_prefix_caching else None)
 
 
 # --- scenarios computed by hand (every step takes 1 s, so times count steps) ------------------------
@@ -124,8 +102,8 @@ def test_preemption_by_recompute_victim_is_the_latest_and_it_resumes():
     assert result.steps.prefill_tokens.tolist() == [6, 0, 0, 0, 5, 0]  # B recomputes prompt + 2 tokens
     assert result.steps.used_blocks.tolist() == [4, 4, 3, 3, 3, 3]
     assert metrics.itl(result.traces[1]) == [1.0, 3.0, 1.0]
-    ref = reference(specs((0.0, 3, 4), (0.0, 3, 4)), config, ONE_SECOND_PER_STEP)
-    assert [t.chunk_times for t in ref.traces] == [t.chunk_times for t in result.traces]
+    traces, ref = reference(specs((0.0, 3, 4), (0.0, 3, 4)), config, ONE_SECOND_PER_STEP)
+    assert [t.chunk_times for t in traces] == [t.chunk_times for t in result.traces]
     assert ref.preemptions == 1
 
 
@@ -184,7 +162,7 @@ def test_requests_that_cannot_fit_are_rejected_not_stuck():
     assert result.traces[0].error and "KV blocks" in result.traces[0].error
     assert times(result, "B") == [1.0, 2.0]
     too_long = simulate(specs((0.0, 100, 10)), SimConfig(max_model_len=64), ONE_SECOND_PER_STEP)
-    assert "max_model_len" in too_long.traces[0].error
+    assert "maximum context length is 64 tokens" in too_long.traces[0].error
 
 
 def test_idle_engine_jumps_to_the_next_arrival():
@@ -201,7 +179,33 @@ def test_results_report_usage_batch_goodput_and_json():
     assert good.good == 2 and good.rate == pytest.approx(2 / 3)
     data = json.loads(result.to_json(ttft_slo=1.0))
     assert data["ttft"]["p50_s"] == 1.0 and data["goodput"]["good"] == 2
+    assert data.items() >= result.summary().to_dict().items(), "the keys of course bench --json, and more"
     assert "preemptions 0" in result.table()
+
+
+def test_too_long_requests_get_one_message_wherever_they_are_rejected():
+    work = specs(
+        (0.0, 100, 10), (0.0, 30, 10), (0.0, 2, 2)
+    )  # A needs 28 blocks of 4; B fits them, not the 32-token context
+    config = SimConfig(block_size=4, num_blocks=12, max_model_len=32)
+    fast = simulate(work, config, ONE_SECOND_PER_STEP).traces
+    expected = [
+        "rejected: prompt + output (110 tokens) need 28 KV blocks of 4 tokens, more than the cache has (12); "
+        "give the cache more blocks or cap the output",
+        "rejected: 'max_tokens' or 'max_completion_tokens' is too large: 10. This model's maximum context length "
+        "is 32 tokens and your request has 30 input tokens (10 > 32 - 30).",
+        None,
+    ]
+    assert [t.error for t in fast] == expected
+    assert [t.error for t in reference(work, config, ONE_SECOND_PER_STEP)[0]] == expected
+    static = SimConfig(scheduler="static", block_size=4, num_blocks=12, max_model_len=32)
+    assert [t.error for t in reference(work, static, ONE_SECOND_PER_STEP)[0]] == expected
+    assert [t.error for t in simulate(work, static, ONE_SECOND_PER_STEP).traces] == expected
+    assert all(t.finish_reason is None and not t.chunk_times for t in fast[:2])
+    # the server's rule and wording are vLLM's: a prompt that fills the context names the prompt
+    assert limits.context_length_error(32, 1, 32)[0] == "prompt"
+    assert limits.context_length_error(31, 1, 32) is None
+    assert limits.context_length_error(31, 2, 32, "max_completion_tokens")[0] == "max_completion_tokens"
 
 
 # --- the block manager ------------------------------------------------------------------------------

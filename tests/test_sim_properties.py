@@ -3,13 +3,12 @@ agreeing exactly with the readable reference (harness + step functions)."""
 
 from __future__ import annotations
 
-import functools
-
+from helpers import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from course.sim import BlockManager, LinearCost, SimConfig, harness, prompt_block_hashes, simulate, steps
-from course.sim.blocks import cdiv
+from course.sim import BlockManager, LinearCost, SimConfig, prompt_block_hashes, simulate
+from course.units import cdiv
 from course.workload import RequestSpec, Workload
 
 COST = LinearCost(a=0.01, b=0.001, c=0.002, d=1e-5)
@@ -45,56 +44,16 @@ def configs(draw) -> SimConfig:
         block_size=(block_size := draw(st.sampled_from([1, 4, 16]))),
         num_blocks=cdiv(draw(st.integers(24, 600)), block_size),  # small caches force preemptions
         enable_prefix_caching=draw(st.booleans()) and scheduler != "static",
+        # V0's free-block watermark: 0, vLLM's 1 %, or enough to hold back admissions in a small cache
+        watermark=draw(st.sampled_from([0.0, 0.01, 0.2])) if scheduler == "prefill-first" else 0.0,
+        # None, or short enough that some prompt + output of workloads() exceed it (at most 90 + 32)
+        max_model_len=draw(st.sampled_from([None, None, 24, 64])),
         decode_after_prefill=scheduler == "prefill-first" and draw(st.booleans()),
     )
 
 
 def reference_traces(work: Workload, config: SimConfig):
-    if config.scheduler == "static":
-        return steps.run_static(
-            work, config.max_num_seqs, COST, num_blocks=config.num_blocks, block_size=config.block_size
-        ), None
-    blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-    if config.scheduler == "continuous":
-        step = functools.partial(
-            steps.continuous_step,
-            token_budget=config.token_budget,
-            max_num_seqs=config.max_num_seqs,
-            chunked_prefill=config.chunked_prefill,
-            long_prefill_token_threshold=config.long_prefill_token_threshold,
-        )
-    elif config.decode_after_prefill:
-        step = steps.PrefillThenDecode(config.token_budget, config.max_num_seqs)
-    else:
-        step = functools.partial(
-            steps.prefill_first_step, token_budget=config.token_budget, max_num_seqs=config.max_num_seqs
-        )
-
-    def hashes(spec):
-        return prompt_block_hashes(spec.request_id, spec.prompt_tokens, config.block_size, spec.prompt_segments)
-
-    checked = CheckedBlocks(blocks)
-    run = harness.run(work, step, checked, COST, block_hashes=hashes if config.enable_prefix_caching else None)
-    return run.traces, run
-
-
-class CheckedBlocks:
-    """The reference block manager, checking its invariants after every change."""
-
-    def __init__(self, blocks: BlockManager) -> None:
-        self._blocks = blocks
-
-    def __getattr__(self, name):
-        attribute = getattr(self._blocks, name)
-        if name in {"allocate", "append", "reserve", "free", "cache_full_blocks"}:
-
-            def checked(*args, **kwargs):
-                result = attribute(*args, **kwargs)
-                self._blocks.check()
-                return result
-
-            return checked
-        return attribute
+    return reference(work, config, COST, check_blocks=True)
 
 
 @SETTINGS
@@ -104,8 +63,11 @@ def test_every_request_gets_exactly_its_tokens_and_no_invariant_breaks(work, con
     by_id = {spec.request_id: spec for spec in work}
     for trace in result.traces:
         spec = by_id[trace.request_id]
-        if trace.error:  # only requests that could never fit are rejected
-            assert cdiv(spec.prompt_tokens + spec.output_tokens, config.block_size) > config.num_blocks
+        total = spec.prompt_tokens + spec.output_tokens
+        too_long = config.max_model_len is not None and total > config.max_model_len
+        never_fits = cdiv(total, config.block_size) > config.num_blocks
+        assert bool(trace.error) == (too_long or never_fits), "exactly the requests that could never run are rejected"
+        if trace.error:
             continue
         assert len(trace.chunk_times) == trace.output_tokens == spec.output_tokens
         assert trace.chunk_times[0] > spec.arrival_time, "no token before (or at) the arrival"

@@ -143,3 +143,33 @@ def test_loading_a_wrong_file_says_what_was_expected(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"format": "something else"}))
     with pytest.raises(ValueError, match="not a request-trace file"):
         load_traces(tmp_path / "other.json")
+
+
+def test_a_trace_from_token_times_has_one_chunk_per_token_and_one_failure_convention():
+    ok = RequestTrace.from_token_times("a", 1.0, [1.5, 1.75], prompt_tokens=7)
+    assert (ok.chunk_times, ok.chunk_tokens, ok.output_tokens) == ([1.5, 1.75], [1, 1], 2)
+    assert (ok.prompt_tokens, ok.finish_reason, ok.error, ok.succeeded) == (7, "length", None, True)
+    rejected = RequestTrace.from_token_times("b", 1.0, [], prompt_tokens=7, error="rejected: too long")
+    assert (rejected.output_tokens, rejected.finish_reason, rejected.succeeded) == (0, None, False)
+    cut = RequestTrace.from_token_times("c", 1.0, [1.5], error="not finished")
+    assert cut.finish_reason is None and cut.output_tokens == 1  # a failure keeps the tokens it got
+
+
+def test_run_duration_is_first_send_to_last_chunk_of_the_successful_requests():
+    traces = [trace(1.0, [1.5, 2.0]), trace(0.5, [3.0]), RequestTrace("failed", 0.0, error="HTTP 500")]
+    assert metrics.run_duration(traces) == pytest.approx(2.5)  # the failed request's send at 0 does not count
+    assert metrics.run_duration([RequestTrace("failed", 0.0, error="HTTP 500")]) == 0.0
+    assert metrics.summarize(traces).duration == metrics.goodput(traces, ttft_slo=1.0).duration == 2.5
+    assert metrics.summarize(traces, duration=10.0).duration == 10.0
+
+
+def test_summary_to_dict_has_every_number_of_the_table():
+    summary = metrics.summarize([trace(0.0, [0.5, 0.75, 1.0]), trace(0.0, [0.25])], percentiles=(50, 90))
+    data = summary.to_dict()
+    assert json.loads(json.dumps(data)) == data, "plain JSON numbers"
+    assert data["completed"] == 2 and data["failed"] == 0 and data["output_tokens"] == 4
+    assert (
+        data["duration_s"] == 1.0 and data["output_throughput_tok_s"] == 4.0 and data["request_throughput_req_s"] == 2.0
+    )
+    assert data["itl"] == {"n": 2, "mean_s": 0.25, "p50_s": 0.25, "p90_s": 0.25}
+    assert set(data["ttft"]) == set(data["tpot"]) == set(data["e2e"]) == {"n", "mean_s", "p50_s", "p90_s"}

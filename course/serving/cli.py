@@ -14,8 +14,6 @@ import argparse
 import json
 import sys
 
-from course.metrics import BenchmarkSummary
-
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -109,22 +107,6 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=bench)
 
 
-def summary_dict(summary: BenchmarkSummary) -> dict:
-    """A summary as plain JSON-ready numbers (seconds, tokens/s)."""
-    out = {
-        "completed": summary.completed,
-        "failed": summary.failed,
-        "duration_s": summary.duration,
-        "output_tokens": summary.output_tokens,
-        "output_throughput_tok_s": summary.output_throughput,
-        "request_throughput_req_s": summary.request_throughput,
-    }
-    for name in ("ttft", "itl", "tpot", "e2e"):
-        stats = getattr(summary, name)
-        out[name] = {"n": stats.n, "mean_s": stats.mean, **{f"p{q:g}_s": v for q, v in stats.percentiles.items()}}
-    return out
-
-
 def bench(args: argparse.Namespace) -> int:
     from course.metrics import summarize
     from course.serving.client import PromptBuilder, run_load
@@ -167,7 +149,7 @@ def bench(args: argparse.Namespace) -> int:
     if args.output:
         result.save(args.output)
     if args.json:
-        print(json.dumps({"workload": result.metadata, **summary_dict(summary)}, indent=1))
+        print(json.dumps({"workload": result.metadata, **summary.to_dict()}, indent=1))
     else:
         load = f"{concurrency} concurrent" if args.request_rate is None else f"{args.request_rate:g} req/s"
         print(

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from course.limits import context_length_error
+
 DONE_EVENT = "data: [DONE]\n\n"
 CHAT_ROLES = {"system", "user", "assistant", "developer", "tool"}
 
@@ -148,22 +150,13 @@ def _common(
     name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     if max_tokens is not None and max_tokens <= 0:
         raise BadRequest(f"'{name}' must be at least 1, got {max_tokens}", name)
-    if len(prompt_ids) >= ctx.max_model_len:
-        raise BadRequest(
-            f"This model's maximum context length is {ctx.max_model_len} tokens. However, your request has "
-            f"{len(prompt_ids)} input tokens. Please reduce the length of the input messages.",
-            "prompt" if kind == "completion" else "messages",
-        )
     if max_tokens is None:
         room = ctx.max_model_len - len(prompt_ids)
         max_tokens = min(room, default_max) if default_max else room
-    if len(prompt_ids) + max_tokens > ctx.max_model_len:
-        raise BadRequest(
-            f"'{name}' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context length "
-            f"is {ctx.max_model_len} tokens and your request has {len(prompt_ids)} input tokens "
-            f"({max_tokens} > {ctx.max_model_len} - {len(prompt_ids)}).",
-            name,
-        )
+    too_long = context_length_error(len(prompt_ids), max_tokens, ctx.max_model_len, name)
+    if too_long:
+        param, message = too_long
+        raise BadRequest(message, "messages" if param == "prompt" and kind == "chat" else param)
     stream = _field(body, "stream", (bool,), default=False)
     options = _field(body, "stream_options", (dict,), default={})  # ignored unless streaming, never rejected
     include_usage = _field(options, "include_usage", (bool,), default=True) if options else False

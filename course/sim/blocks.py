@@ -25,10 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division for non-negative integers: blocks needed for ``a`` tokens of ``b`` per block."""
-    return -(-a // b)
+from course.units import cdiv
 
 
 def prompt_block_hashes(

@@ -23,9 +23,11 @@ from collections import deque
 
 import numpy as np
 
-from course.sim.blocks import BlockManager, cdiv, prompt_block_hashes
+from course.limits import rejection
+from course.sim.blocks import BlockManager, prompt_block_hashes
 from course.sim.config import SimConfig
 from course.sim.results import RequestRecord, SimResult, StepLog
+from course.units import cdiv
 from course.workload import RequestSpec, Workload
 
 
@@ -156,14 +158,12 @@ def _reject_impossible(requests: list[_Request], config: SimConfig) -> None:
     for r in requests:
         spec = r.spec
         total = spec.prompt_tokens + spec.output_tokens
-        if cdiv(total, config.block_size) > config.num_blocks:
-            r.error = (
-                f"rejected: prompt + output ({total} tokens) need more KV blocks than the cache has "
-                f"({config.num_blocks} x {config.block_size})"
-            )
-        elif config.max_model_len is not None and total > config.max_model_len:
-            r.error = f"rejected: prompt + output ({total} tokens) exceed max_model_len {config.max_model_len}"
-        elif not static and not (config.scheduler == "continuous" and config.chunked_prefill) and total - 1 > budget:
+        r.error = rejection(
+            spec.prompt_tokens, spec.output_tokens, config.num_blocks, config.block_size, config.max_model_len
+        )
+        if r.error:
+            continue
+        if not static and not (config.scheduler == "continuous" and config.chunked_prefill) and total - 1 > budget:
             r.error = (
                 f"rejected: without chunked prefill a (re)computed prompt of up to {total - 1} tokens must fit "
                 f"the step's budget of {budget} tokens"
@@ -187,154 +187,267 @@ def _record(r: _Request, steps: StepLog) -> RequestRecord:
 
 def _run_iterative(requests: list[_Request], config: SimConfig, cost) -> _Log:
     """Continuous batching (vLLM V1) and prefill-first (vLLM V0); see course.sim.steps for the rules."""
-    bs = config.block_size
-    blocks = BlockManager(config.num_blocks, bs, config.enable_prefix_caching)
-    caching = config.enable_prefix_caching
-    if caching:
-        for r in requests:
-            spec = r.spec
-            r.hashes = prompt_block_hashes(spec.request_id, spec.prompt_tokens, bs, spec.prompt_segments)
-    budget_per_step = config.token_budget
-    prefill_first = config.scheduler == "prefill-first"
-    threshold = 0 if prefill_first else config.long_prefill_token_threshold
-    chunked = config.chunked_prefill
-    max_seqs = config.max_num_seqs
-    watermark = config.watermark_blocks
-    decode_after_prefill = prefill_first and config.decode_after_prefill
-    last_step_prefilled = False
-    step_seconds = cost.step_seconds
-    log = _Log()
-    waiting: deque[_Request] = deque()
-    running: list[_Request] = []
-    now, step, next_arrival, total = 0.0, 0, 0, len(requests)
+    return _IterativeRun(requests, config, cost).run()
 
-    def admit(r: _Request, n: int, computed: int, hits: list) -> None:
+
+def _sample(r: _Request, step: int) -> bool:
+    """The step computed all of ``r``'s tokens, so it samples the next one; True when that was the last.
+
+    The token is remembered in ``r``'s runs of consecutive steps (see the module docstring).
+    :meth:`_IterativeRun._schedule_running` inlines this: it is the loop the simulator spends its time in.
+    """
+    r.generated += 1
+    r.num_tokens += 1
+    if r.last_step != step - 1:
+        if r.run_start >= 0:
+            r.runs.append(r.run_start)
+            r.runs.append(r.last_step)
+        r.run_start = step
+    r.last_step = step
+    return r.generated == r.output
+
+
+class _IterativeRun:
+    """One run of an iteration-level scheduler: the state between steps and one method per phase.
+
+    A step (:meth:`_step`) is: V0 admits whole prompts (:meth:`_admit_whole_prompts`); if it admitted
+    nobody, the running requests get their tokens, preempting when blocks run out
+    (:meth:`_schedule_running`), and V1 then admits from the queue, cutting prompts to the budget
+    (:meth:`_admit_chunks`); the admitted requests compute their tokens (:meth:`_compute_admitted`);
+    the step is timed and logged, and finished requests leave (:meth:`_retire`).
+    """
+
+    def __init__(self, requests: list[_Request], config: SimConfig, cost) -> None:
+        self.requests = requests
+        self.bs = bs = config.block_size
+        self.caching = config.enable_prefix_caching
+        self.blocks = BlockManager(config.num_blocks, bs, self.caching)
+        if self.caching:
+            for r in requests:
+                spec = r.spec
+                r.hashes = prompt_block_hashes(spec.request_id, spec.prompt_tokens, bs, spec.prompt_segments)
+        self.token_budget = config.token_budget
+        self.prefill_first = config.scheduler == "prefill-first"
+        self.threshold = 0 if self.prefill_first else config.long_prefill_token_threshold
+        self.chunked = config.chunked_prefill
+        self.max_seqs = config.max_num_seqs
+        self.watermark = config.watermark_blocks
+        self.decode_after_prefill = self.prefill_first and config.decode_after_prefill
+        self.step_seconds = cost.step_seconds
+        self.log = _Log()
+        self.waiting: deque[_Request] = deque()
+        self.running: list[_Request] = []
+        self.step = 0  # index of the step being scheduled
+
+    def run(self) -> _Log:
+        """Step until every request has finished (or was rejected); jump over idle time to the next arrival."""
+        requests, waiting = self.requests, self.waiting
+        now, next_arrival, total = 0.0, 0, len(requests)
+        last_step_prefilled = False
+        while True:
+            while next_arrival < total and requests[next_arrival].spec.arrival_time <= now:
+                r = requests[next_arrival]
+                next_arrival += 1
+                if r.error is None:
+                    waiting.append(r)
+            if not self.running and not waiting:
+                if next_arrival == total:
+                    return self.log
+                now = max(now, requests[next_arrival].spec.arrival_time)
+                continue
+            # V0 decodes only when no prompt can start; module 2's loop also right after a prefill step
+            decode_only = self.decode_after_prefill and last_step_prefilled and bool(self.running)
+            now, last_step_prefilled = self._step(now, decode_only)
+
+    def _step(self, now: float, decode_only: bool) -> tuple[float, bool]:
+        """Schedule, compute and log the step that starts at ``now``; returns (its end, whether it admitted)."""
+        queued = len(self.waiting)
+        finished: list[_Request] = []
+        # The batch as (request, tokens) for requests admitted from the queue; running requests are
+        # computed inside _schedule_running, because that loop is where the simulator spends its time.
+        admitted: list[tuple[_Request, int]] = []
+        budget = self.token_budget
+        load = (0, 0, 0, 0, 0)  # prefill tokens, decode tokens, KV tokens read, attention pairs, requests
+        if self.prefill_first and not decode_only:
+            budget = self._admit_whole_prompts(admitted, budget)
+        if not admitted:
+            load, budget, preempted = self._schedule_running(budget, finished)
+            if not preempted and not self.prefill_first:  # V1 admits only in steps without preemption
+                self._admit_chunks(admitted, budget)
+        if admitted:
+            load = self._compute_admitted(admitted, load, finished)
+        prefill, decode, kv_read, pairs, seqs = load
+        if not seqs:
+            raise RuntimeError(
+                f"the scheduler found nothing to run at t={now:.6g} s ({len(self.running)} running, "
+                f"{len(self.waiting)} waiting, {self.blocks.num_free_blocks} free blocks); "
+                "this is a bug in the simulator"
+            )
+        end = now + self.step_seconds(prefill, decode, kv_read, pairs)
+        self.log.add(now, end, prefill, decode, kv_read, pairs, seqs, self.blocks.num_used_blocks, queued)
+        self.step += 1
+        if finished:
+            self._retire(finished)
+        return end, bool(admitted)
+
+    # --- admission -------------------------------------------------------------------------------
+
+    def _cached_prefix(self, r: _Request) -> tuple[list, int]:
+        """(prefix-cache hits, tokens they hold) for the head of the queue; never all its tokens."""
+        if not self.caching:
+            return [], 0
+        hits = self.blocks.lookup(r.hashes, (r.num_tokens - 1) // self.bs)
+        return hits, len(hits) * self.bs
+
+    def _admit_whole_prompts(self, admitted: list[tuple[_Request, int]], budget: int) -> int:
+        """V0: admit queued requests whose whole prompt fits the budget and leaves the watermark free.
+
+        Appends them to ``admitted``; returns the budget left.
+        """
+        waiting, running, blocks, bs = self.waiting, self.running, self.blocks, self.bs
+        while waiting and len(running) < self.max_seqs:
+            r = waiting[0]
+            hits, computed = self._cached_prefix(r)
+            n = r.num_tokens - computed
+            if n > budget:
+                break
+            if blocks.num_free_blocks - (cdiv(computed + n, bs) - len(hits)) < self.watermark:
+                break
+            if not blocks.allocate(r.rid, computed + n, hits):
+                break
+            self._admit(r, n, computed, hits)
+            admitted.append((r, n))
+            budget -= n
+        return budget
+
+    def _admit_chunks(self, admitted: list[tuple[_Request, int]], budget: int) -> None:
+        """V1: admit queued requests in order while the budget and ``max_num_seqs`` allow.
+
+        With chunked prefill a prompt is cut to the budget left; without it admission stops at a
+        prompt that does not fit whole, as it does at the first request that gets no blocks
+        (head-of-line blocking).
+        """
+        waiting, running, blocks, threshold = self.waiting, self.running, self.blocks, self.threshold
+        while waiting and budget > 0 and len(running) < self.max_seqs:
+            r = waiting[0]
+            hits, computed = self._cached_prefix(r)
+            n = r.num_tokens - computed
+            if 0 < threshold < n:
+                n = threshold
+            if not self.chunked and n > budget:
+                break
+            if n > budget:
+                n = budget
+            if not blocks.allocate(r.rid, computed + n, hits):
+                break
+            self._admit(r, n, computed, hits)
+            admitted.append((r, n))
+            budget -= n
+
+    def _admit(self, r: _Request, n: int, computed: int, hits: list) -> None:
         """Move the head of the queue into the batch with ``n`` tokens after ``computed`` cached ones."""
-        waiting.popleft()
-        running.append(r)
+        self.waiting.popleft()
+        self.running.append(r)
+        bs = self.bs
         r.computed = computed
         r.capacity = cdiv(computed + n, bs) * bs
         r.registered = len(hits)
         r.hit_tokens += computed
         r.queried_tokens += r.num_tokens
-        r.scheduled_steps.append(step)
-        after = computed + n
-        if caching and after // bs > r.registered:  # later admissions in this step can hit these blocks
-            blocks.cache_full_blocks(r.rid, r.hashes, after)
-            r.registered = min(after // bs, len(r.hashes))
+        r.scheduled_steps.append(self.step)
+        self._register(r, computed + n)  # later admissions in this step can hit these blocks
 
-    while True:
-        while next_arrival < total and requests[next_arrival].spec.arrival_time <= now:
-            r = requests[next_arrival]
-            next_arrival += 1
-            if r.error is None:
-                waiting.append(r)
-        if not running and not waiting:
-            if next_arrival == total:
-                return log
-            now = max(now, requests[next_arrival].spec.arrival_time)
-            continue
+    def _register(self, r: _Request, after: int) -> None:
+        """Put ``r``'s prompt blocks that are full after ``after`` tokens into the prefix cache."""
+        if self.caching and after // self.bs > r.registered:
+            self.blocks.cache_full_blocks(r.rid, r.hashes, after)
+            r.registered = min(after // self.bs, len(r.hashes))
 
-        budget = budget_per_step
+    # --- the running batch -----------------------------------------------------------------------
+
+    def _schedule_running(self, budget: int, finished: list[_Request]) -> tuple[tuple, int, bool]:
+        """Give running requests their tokens in admission order and compute them.
+
+        Each asks for all its uncomputed tokens (a decode for 1), capped by the long-prefill
+        threshold and the budget left; a request whose tokens cross into a new block gets it from
+        :meth:`_reserve`, which may preempt. Finished requests are appended to ``finished``.
+        Returns (the step's load so far, budget left, whether anything was preempted).
+        """
+        running, threshold, caching, step = self.running, self.threshold, self.caching, self.step
         prefill = decode = kv_read = pairs = seqs = 0
-        finished: list[_Request] = []
         preempted = False
-        queued = len(waiting)
-        # The batch as (request, tokens) for requests admitted from the queue; running requests are
-        # applied inline below, because that loop is where the simulator spends its time.
-        admitted: list[tuple[_Request, int]] = []
-
-        # V0: whole prompts first; decode only when no prompt can start (or right after a prefill step)
-        if prefill_first and not (decode_after_prefill and last_step_prefilled and running):
-            while waiting and len(running) < max_seqs:
-                r = waiting[0]
-                hits = blocks.lookup(r.hashes, (r.num_tokens - 1) // bs) if caching else []
-                computed = len(hits) * bs
-                n = r.num_tokens - computed
-                if n > budget:
+        index = 0
+        while index < len(running) and budget > 0:
+            r = running[index]
+            c = r.computed
+            num_tokens = r.num_tokens
+            n = num_tokens - c
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget:
+                n = budget
+            after = c + n
+            if after > r.capacity:  # crosses into a new block
+                fits, preempted_now = self._reserve(r, after)
+                preempted = preempted or preempted_now
+                if not fits:
                     break
-                if blocks.num_free_blocks - (cdiv(computed + n, bs) - len(hits)) < watermark:
-                    break
-                if not blocks.allocate(r.rid, computed + n, hits):
-                    break
-                admit(r, n, computed, hits)
-                admitted.append((r, n))
-                budget -= n
+            if caching and r.registered < len(r.hashes):
+                self._register(r, after)
+            if n == 1 and r.generated and c == num_tokens - 1:
+                decode += 1
+                pairs += c + 1
+            else:
+                prefill += n
+                pairs += n * c + n * (n + 1) // 2
+            kv_read += c
+            budget -= n
+            seqs += 1
+            index += 1
+            r.computed = after
+            if after == num_tokens:  # caught up: this step samples the next token (_sample, inlined)
+                generated = r.generated + 1
+                r.generated = generated
+                r.num_tokens = num_tokens + 1
+                if r.last_step != step - 1:
+                    if r.run_start >= 0:
+                        r.runs.append(r.run_start)
+                        r.runs.append(r.last_step)
+                    r.run_start = step
+                r.last_step = step
+                if generated == r.output:
+                    finished.append(r)
+        return (prefill, decode, kv_read, pairs, seqs), budget, preempted
 
-        if not admitted:
-            index = 0
-            while index < len(running) and budget > 0:
-                r = running[index]
-                c = r.computed
-                num_tokens = r.num_tokens
-                n = num_tokens - c
-                if 0 < threshold < n:
-                    n = threshold
-                if n > budget:
-                    n = budget
-                after = c + n
-                if after > r.capacity:  # crosses into a new block
-                    victim = None
-                    while not blocks.reserve(r.rid, after):
-                        victim = running.pop()  # preempt the most recently admitted request
-                        blocks.free(victim.rid)
-                        victim.computed = victim.capacity = victim.registered = 0
-                        victim.preempted_steps.append(step)
-                        waiting.appendleft(victim)
-                        preempted = True
-                        if victim is r:
-                            break
-                    if victim is r:
-                        break
-                    r.capacity = cdiv(after, bs) * bs
-                if caching and r.registered < len(r.hashes) and after // bs > r.registered:
-                    blocks.cache_full_blocks(r.rid, r.hashes, after)
-                    r.registered = min(after // bs, len(r.hashes))
-                if n == 1 and r.generated and c == num_tokens - 1:
-                    decode += 1
-                    pairs += c + 1
-                else:
-                    prefill += n
-                    pairs += n * c + n * (n + 1) // 2
-                kv_read += c
-                budget -= n
-                seqs += 1
-                index += 1
-                r.computed = after
-                if after == num_tokens:  # caught up: this step samples the next token
-                    generated = r.generated + 1
-                    r.generated = generated
-                    r.num_tokens = num_tokens + 1
-                    if r.last_step != step - 1:
-                        if r.run_start >= 0:
-                            r.runs.append(r.run_start)
-                            r.runs.append(r.last_step)
-                        r.run_start = step
-                    r.last_step = step
-                    if generated == r.output:
-                        finished.append(r)
+    def _reserve(self, r: _Request, after: int) -> tuple[bool, bool]:
+        """Blocks for ``r`` up to ``after`` tokens, preempting the most recently admitted requests meanwhile.
 
-            if not preempted and not prefill_first:  # V1 admits only in steps without preemption
-                while waiting and budget > 0 and len(running) < max_seqs:
-                    r = waiting[0]
-                    hits = blocks.lookup(r.hashes, (r.num_tokens - 1) // bs) if caching else []
-                    computed = len(hits) * bs
-                    n = r.num_tokens - computed
-                    if 0 < threshold < n:
-                        n = threshold
-                    if not chunked and n > budget:
-                        break
-                    if n > budget:
-                        n = budget
-                    if not blocks.allocate(r.rid, computed + n, hits):
-                        break  # head-of-line blocking
-                    admit(r, n, computed, hits)
-                    admitted.append((r, n))
-                    budget -= n
+        Preemption is by recompute: the victim's blocks are freed, it forgets its computed tokens
+        and goes to the front of the queue. Returns (whether ``r`` got its blocks, whether anyone
+        was preempted); ``r`` does not get them when it was itself the last one left to preempt.
+        """
+        running, blocks, waiting = self.running, self.blocks, self.waiting
+        preempted = False
+        while not blocks.reserve(r.rid, after):
+            victim = running.pop()
+            blocks.free(victim.rid)
+            victim.computed = victim.capacity = victim.registered = 0
+            victim.preempted_steps.append(self.step)
+            waiting.appendleft(victim)
+            preempted = True
+            if victim is r:
+                return False, True
+        r.capacity = cdiv(after, self.bs) * self.bs
+        return True, preempted
 
+    def _compute_admitted(
+        self, admitted: list[tuple[_Request, int]], load: tuple, finished: list[_Request]
+    ) -> tuple[int, int, int, int, int]:
+        """Add the admitted requests' tokens to the step's ``load`` and compute them; returns the new load."""
+        prefill, decode, kv_read, pairs, seqs = load
+        step = self.step
         for r, n in admitted:
             c = r.computed
-            after = c + n
             if n == 1 and r.generated and c == r.num_tokens - 1:
                 decode += 1
             else:
@@ -342,34 +455,17 @@ def _run_iterative(requests: list[_Request], config: SimConfig, cost) -> _Log:
             pairs += n * c + n * (n + 1) // 2
             kv_read += c
             seqs += 1
-            r.computed = after
-            if after == r.num_tokens:
-                r.generated += 1
-                r.num_tokens += 1
-                if r.last_step != step - 1:
-                    if r.run_start >= 0:
-                        r.runs.append(r.run_start)
-                        r.runs.append(r.last_step)
-                    r.run_start = step
-                r.last_step = step
-                if r.generated == r.output:
-                    finished.append(r)
+            r.computed = c + n
+            if r.computed == r.num_tokens and _sample(r, step):
+                finished.append(r)
+        return prefill, decode, kv_read, pairs, seqs
 
-        if not seqs:
-            raise RuntimeError(
-                f"the scheduler found nothing to run at t={now:.6g} s ({len(running)} running, {len(waiting)} "
-                f"waiting, {blocks.num_free_blocks} free blocks); this is a bug in the simulator"
-            )
-        end = now + step_seconds(prefill, decode, kv_read, pairs)
-        log.add(now, end, prefill, decode, kv_read, pairs, seqs, blocks.num_used_blocks, queued)
-        now = end
-        step += 1
-        last_step_prefilled = bool(admitted)
-        if finished:
-            for r in finished:
-                blocks.free(r.rid)
-            done = set(map(id, finished))
-            running = [r for r in running if id(r) not in done]
+    def _retire(self, finished: list[_Request]) -> None:
+        """Free the finished requests' blocks (in the order they finished) and drop them from the batch."""
+        for r in finished:
+            self.blocks.free(r.rid)
+        done = set(map(id, finished))
+        self.running = [r for r in self.running if id(r) not in done]
 
 
 def _run_static(requests: list[_Request], config: SimConfig, cost) -> _Log:

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from course.limits import rejection
 from course.sim.results import RequestRecord, SimResult, StepLog
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
@@ -72,15 +73,9 @@ class SimRequest:
 
     def trace(self) -> RequestTrace:
         """What a streaming client would have recorded: one chunk per token."""
-        return RequestTrace(
-            request_id=self.request_id,
-            send_time=self.arrival_time,
-            chunk_times=list(self.token_times),
-            chunk_tokens=[1] * len(self.token_times),
-            prompt_tokens=self.prompt_tokens,
-            output_tokens=len(self.token_times),
-            finish_reason="length" if self.finished else None,
-            error=self.error or (None if self.finished else "not finished"),
+        error = self.error or (None if self.finished else "not finished")
+        return RequestTrace.from_token_times(
+            self.request_id, self.arrival_time, self.token_times, self.prompt_tokens, error=error
         )
 
 
@@ -168,6 +163,7 @@ def run(
     cost,
     *,
     block_hashes: Callable[[RequestSpec], list] | None = None,
+    max_model_len: int | None = None,
     max_steps: int = 1_000_000,
 ) -> HarnessRun:
     """Simulate ``workload`` with a step function, a block manager and a cost model.
@@ -182,10 +178,12 @@ def run(
         blocks: the block manager the step allocates from; the harness frees finished requests.
         cost: any object with ``step_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)``.
         block_hashes: prompt block hashes per request, for prefix caching.
+        max_model_len: the longest prompt + output a request may have (None: no limit).
         max_steps: stop with an error after this many steps (a step function that never finishes).
 
-    Requests that could never fit in the whole KV cache (prompt + output tokens need more blocks
-    than exist) are rejected on arrival and listed in ``rejected``.
+    Requests that could never run (prompt + output tokens need more blocks than the whole KV cache
+    has, or exceed ``max_model_len``) are rejected on arrival (:func:`course.limits.rejection`) and
+    listed in ``rejected``.
     """
     specs = sorted(workload, key=lambda spec: spec.arrival_time)
     requests = [SimRequest.from_spec(spec) for spec in specs]
@@ -200,8 +198,10 @@ def run(
         while next_arrival < len(requests) and requests[next_arrival].arrival_time <= now:
             request = requests[next_arrival]
             next_arrival += 1
-            if -(-(request.prompt_tokens + request.output_tokens) // blocks.block_size) > blocks.num_blocks:
-                request.error = "rejected: prompt + output tokens need more KV blocks than the cache has"
+            request.error = rejection(
+                request.prompt_tokens, request.output_tokens, blocks.num_blocks, blocks.block_size, max_model_len
+            )
+            if request.error:
                 result.rejected.append(request.request_id)
             else:
                 waiting.append(request)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from course import metrics, plotting
-from course.sim.results import SimResult
+from course.sim.results import SimResult, StepLog
 
 # One colour per compared run, in order; the first two keep the course's decode/prefill colours.
 PALETTE = ["#2C6FBB", "#E07A1F", "#3A9A5B", "#C0392B", "#8E6BBF", "#7F7F7F"]
@@ -95,33 +95,37 @@ def latency_cdfs(
         raise ValueError(f"metric must be ttft, itl, tpot or e2e; got {metric!r}")
     ax = plotting.new_figure(f"{metric.upper()} distribution", f"{metric.upper()} (ms)", "fraction of values", ax=ax)
     for color, (label, result) in zip(PALETTE * 4, _as_runs(results).items()):
-        values = _values(result, metric)
-        xs = np.sort(values) * scale
-        ax.step(xs, np.arange(1, len(xs) + 1) / max(len(xs), 1), where="post", color=color, label=label)
+        plotting.cdf(ax, _values(result, metric), metric, label=label, scale=scale, color=color)
     if logx:
         ax.set_xscale("log")
     plotting.legend_outside(ax)
     return ax
 
 
-def _values(result: SimResult, metric: str) -> np.ndarray:
+def _values(result: SimResult, metric: str) -> list[float]:
+    """The metric's values over the successful requests, as :func:`course.metrics.summarize` pools them (s)."""
     ok = [t for t in result.traces if t.succeeded]
     if metric == "itl":
-        gaps = [np.diff(t.chunk_times) for t in ok]
-        return np.concatenate(gaps) if gaps else np.zeros(0)
+        return [gap for t in ok for gap in metrics.itl(t)]  # pooled: one value per gap
     function = {"ttft": metrics.ttft, "e2e": metrics.e2e, "tpot": metrics.tpot}[metric]
-    return np.array([v for t in ok if (v := function(t)) is not None])
+    return [v for t in ok if (v := function(t)) is not None]
+
+
+def _window(steps: StepLog, start: float | None, end: float | None) -> np.ndarray:
+    """Which steps overlap ``[start, end]`` (either bound None: open), as a boolean mask."""
+    keep = np.ones(len(steps), dtype=bool)
+    if start is not None:
+        keep &= steps.end >= start
+    if end is not None:
+        keep &= steps.start <= end
+    return keep
 
 
 def step_load(result: SimResult, ax=None, start: float | None = None, end: float | None = None):
     """Prefill and decode tokens computed by each step over time, and each step's duration."""
     ax = plotting.new_figure(f"What each step computed: {result.name}", "time (s)", "tokens in the step", ax=ax)
     steps = result.steps
-    keep = np.ones(len(steps), dtype=bool)
-    if start is not None:
-        keep &= steps.end >= start
-    if end is not None:
-        keep &= steps.start <= end
+    keep = _window(steps, start, end)
     left, width = steps.start[keep], steps.duration[keep]
     decode, prefill = steps.decode_tokens[keep], steps.prefill_tokens[keep]
     ax.bar(left, decode, width=width, align="edge", color=plotting.COLORS["decode"], label="decode tokens")
@@ -145,11 +149,7 @@ def step_times(
     ax = plotting.new_figure("Duration of each engine step", "time (s)", "step duration (ms)", ax=ax)
     for color, (label, result) in zip(PALETTE * 4, _as_runs(results).items()):
         steps = result.steps
-        keep = np.ones(len(steps), dtype=bool)
-        if start is not None:
-            keep &= steps.end >= start
-        if end is not None:
-            keep &= steps.start <= end
+        keep = _window(steps, start, end)
         ax.step(steps.start[keep], steps.duration[keep] * 1e3, where="post", color=color, label=label, linewidth=1.5)
     if start is not None or end is not None:
         ax.set_xlim(start, end)

@@ -78,16 +78,9 @@ class RequestRecord:
     error: str | None = None
 
     def trace(self) -> RequestTrace:
-        times = self.token_times.tolist()
-        return RequestTrace(
-            request_id=self.request_id,
-            send_time=self.arrival_time,
-            chunk_times=times,
-            chunk_tokens=[1] * len(times),
-            prompt_tokens=self.prompt_tokens,
-            output_tokens=len(times),
-            finish_reason=None if self.error else "length",
-            error=self.error,
+        """What a streaming client would have recorded: one chunk per token."""
+        return RequestTrace.from_token_times(
+            self.request_id, self.arrival_time, self.token_times.tolist(), self.prompt_tokens, error=self.error
         )
 
 
@@ -194,20 +187,15 @@ class SimResult:
         return "\n".join(lines)
 
     def to_dict(self, ttft_slo: float | None = None, tpot_slo: float | None = None) -> dict:
-        """Everything in :meth:`table` as plain numbers (seconds), for JSON."""
-        s = self.summary()
+        """Everything in :meth:`table` as plain numbers (seconds), for JSON.
+
+        The latency and throughput keys are :meth:`course.metrics.BenchmarkSummary.to_dict`'s, the
+        same as ``course bench --json`` prints for a real server.
+        """
         out = {
             "name": self.name,
             "config": self.config,
-            "completed": s.completed,
-            "failed": s.failed,
-            "duration_s": s.duration,
-            "output_throughput_tok_s": s.output_throughput,
-            "request_throughput_req_s": s.request_throughput,
-            **{
-                name: {"n": stats.n, "mean_s": stats.mean, **{f"p{q:g}_s": v for q, v in stats.percentiles.items()}}
-                for name, stats in (("ttft", s.ttft), ("itl", s.itl), ("tpot", s.tpot), ("e2e", s.e2e))
-            },
+            **self.summary().to_dict(),
             "steps": len(self.steps),
             "mean_batch_size": self.mean_batch_size,
             "kv_usage_mean": self.mean_kv_usage,

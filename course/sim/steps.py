@@ -31,9 +31,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from course.sim.blocks import cdiv
+from course.limits import rejection
 from course.sim.harness import SimRequest
 from course.trace import RequestTrace
+from course.units import cdiv
 from course.workload import RequestSpec, Workload
 
 
@@ -211,6 +212,7 @@ def run_static(
     *,
     num_blocks: int | None = None,
     block_size: int = 16,
+    max_model_len: int | None = None,
 ) -> list[RequestTrace]:
     """Static batching: padded batches of up to ``batch_size`` requests, each run to its end.
 
@@ -221,6 +223,8 @@ def run_static(
     step ``k`` reads ``B x (P + k - 1)`` cached tokens. Each request streams one token at the end of
     the prefill and of each decode step until it has its ``output_tokens``; the next batch starts
     when the last step ends. If nothing has arrived, the engine waits for the next arrival.
+    Requests that could never run (more KV blocks than ``num_blocks``, or longer than
+    ``max_model_len``) are rejected on arrival (:func:`course.limits.rejection`).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -228,9 +232,10 @@ def run_static(
     traces: dict[str, RequestTrace] = {}
     specs = []  # the requests that fit in the KV cache at all; the others are rejected on arrival
     for spec in every:
-        if num_blocks is not None and cdiv(spec.prompt_tokens + spec.output_tokens, block_size) > num_blocks:
-            traces[spec.request_id] = RequestTrace(
-                spec.request_id, spec.arrival_time, prompt_tokens=spec.prompt_tokens, error="rejected: too long"
+        error = rejection(spec.prompt_tokens, spec.output_tokens, num_blocks, block_size, max_model_len)
+        if error:
+            traces[spec.request_id] = RequestTrace.from_token_times(
+                spec.request_id, spec.arrival_time, [], spec.prompt_tokens, error=error
             )
         else:
             specs.append(spec)
@@ -260,13 +265,7 @@ def run_static(
                 if s.output_tokens > k:
                     times[s.request_id].append(now)
         for s in batch:
-            traces[s.request_id] = RequestTrace(
-                s.request_id,
-                s.arrival_time,
-                chunk_times=times[s.request_id],
-                chunk_tokens=[1] * len(times[s.request_id]),
-                prompt_tokens=s.prompt_tokens,
-                output_tokens=len(times[s.request_id]),
-                finish_reason="length",
+            traces[s.request_id] = RequestTrace.from_token_times(
+                s.request_id, s.arrival_time, times[s.request_id], s.prompt_tokens
             )
     return [traces[spec.request_id] for spec in every]

@@ -1,0 +1,77 @@
+"""The rules that make a request too long, each with one message.
+
+Two limits turn a request away before it runs:
+
+* the model's context, ``max_model_len``: prompt plus requested output must fit in it. The rule and
+  its wording are vLLM 0.11's OpenAI server (``vllm/entrypoints/openai/``, input validation), so a
+  client sees the same 400 from the course's server as from vLLM, and the simulator reports the
+  same reason;
+* the KV cache: a request whose prompt plus output need more blocks than the whole cache has could
+  never run; the simulator rejects it on arrival instead of letting it block the queue forever.
+"""
+
+from __future__ import annotations
+
+from course.units import cdiv
+
+
+def context_length_error(
+    prompt_tokens: int, max_tokens: int, max_model_len: int, max_tokens_name: str = "max_tokens"
+) -> tuple[str, str] | None:
+    """vLLM's context-length check: ``(field to fix, message)``, or None when the request fits.
+
+    Args:
+        prompt_tokens: tokens in the prompt.
+        max_tokens: output tokens asked for (a value <= 0 is taken as "none left", see below).
+        max_model_len: the context length in tokens (prompt + output).
+        max_tokens_name: how the request named its output cap (``max_tokens`` or
+            ``max_completion_tokens``), for the message and the returned field.
+
+    The field is ``"prompt"`` when the prompt alone leaves no room for a single output token
+    (``prompt_tokens >= max_model_len``), else ``max_tokens_name``.
+    """
+    if prompt_tokens >= max_model_len:
+        return "prompt", (
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{prompt_tokens} input tokens. Please reduce the length of the input messages."
+        )
+    if prompt_tokens + max_tokens > max_model_len:
+        return max_tokens_name, (
+            f"'{max_tokens_name}' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+            f"context length is {max_model_len} tokens and your request has {prompt_tokens} input tokens "
+            f"({max_tokens} > {max_model_len} - {prompt_tokens})."
+        )
+    return None
+
+
+def kv_capacity_error(prompt_tokens: int, output_tokens: int, num_blocks: int, block_size: int) -> str | None:
+    """Why a request can never fit in a KV cache of ``num_blocks`` x ``block_size`` tokens, or None."""
+    total = prompt_tokens + output_tokens
+    if cdiv(total, block_size) <= num_blocks:
+        return None
+    return (
+        f"prompt + output ({total} tokens) need {cdiv(total, block_size)} KV blocks of {block_size} tokens, "
+        f"more than the cache has ({num_blocks}); give the cache more blocks or cap the output"
+    )
+
+
+def rejection(
+    prompt_tokens: int,
+    output_tokens: int,
+    num_blocks: int | None,
+    block_size: int,
+    max_model_len: int | None = None,
+) -> str | None:
+    """The simulator's reason to reject a request on arrival (``"rejected: ..."``), or None.
+
+    A request that needs more KV blocks than the cache has (``num_blocks``; None = no limit), or
+    more context than ``max_model_len`` (None = no limit), can never run; the readable harness, the
+    static reference and the fast engine all reject it with this message.
+    """
+    reason = None
+    if num_blocks is not None:
+        reason = kv_capacity_error(prompt_tokens, output_tokens, num_blocks, block_size)
+    if reason is None and max_model_len is not None:
+        too_long = context_length_error(prompt_tokens, output_tokens, max_model_len)
+        reason = too_long[1] if too_long else None
+    return None if reason is None else f"rejected: {reason}"

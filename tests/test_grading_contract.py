@@ -16,6 +16,7 @@ import pytest
 
 from autograder import notebooks
 from autograder.config import assignments
+from autograder.execution import has_error
 from autograder.grading import autograde
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,3 +108,14 @@ def test_every_exercise_has_a_plausible_wrong_answer_in_between(graded):
     exercises = {notebooks.exercise_of(grade_id) for grade_id in points}
     covered = {ex for _, expected in fixtures.values() for ex, outcome in expected.items() if outcome == "partial"}
     assert exercises <= covered, f"{assignment}: no partial-credit fixture for {sorted(exercises - covered)}"
+
+
+def test_solution_notebook_runs_top_to_bottom_without_an_error(graded):
+    """What nbval would prove, from the same execution: the solutions are not executed a second time."""
+    assignment, run, _, _ = graded
+    name = next((ROOT / "solutions" / assignment).glob("*.ipynb")).name
+    executed = notebooks.read(run.workdir / "autograded" / "solution" / assignment / name)
+    code = [(index, cell) for index, cell in enumerate(executed.cells) if cell.cell_type == "code"]
+    not_run = [index for index, cell in code if cell.source.strip() and cell.get("execution_count") is None]
+    failed = [index for index, cell in code if has_error(cell)]
+    assert not not_run and not failed, f"{assignment}: cells not run {not_run}, cells with an error {failed}"

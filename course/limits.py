@@ -6,8 +6,9 @@ Two limits turn a request away before it runs:
   its wording are vLLM 0.11's OpenAI server (``vllm/entrypoints/openai/``, input validation), so a
   client sees the same 400 from the course's server as from vLLM, and the simulator reports the
   same reason;
-* the KV cache: a request whose prompt plus output need more blocks than the whole cache has could
-  never run; the simulator rejects it on arrival instead of letting it block the queue forever.
+* the KV cache: a request whose prompt plus output need more blocks than the whole cache has (or,
+  under vLLM V0's free-block watermark, more than admission may use) could never run; the simulator
+  rejects it on arrival instead of letting it block the queue forever.
 """
 
 from __future__ import annotations
@@ -55,18 +56,40 @@ def kv_capacity_error(prompt_tokens: int, output_tokens: int, num_blocks: int, b
     )
 
 
+def watermark_error(
+    prompt_tokens: int, output_tokens: int, num_blocks: int, block_size: int, reserved: int
+) -> str | None:
+    """Why a scheduler that keeps ``reserved`` blocks free when admitting can never admit a request, or None.
+
+    vLLM V0 admits a prompt only if ``reserved`` (its watermark) blocks stay free afterwards, and
+    ignores one that could not be admitted even into an empty cache (``AllocStatus.NEVER`` in
+    ``vllm/core/interfaces.py``, 0.6.x). The longest prefill a request may need is a recompute after
+    a preemption: prompt + output - 1 tokens, which is what is checked here.
+    """
+    longest = prompt_tokens + output_tokens - 1
+    if reserved <= 0 or cdiv(longest, block_size) <= num_blocks - reserved:
+        return None
+    return (
+        f"a (re)computed prompt of up to {longest} tokens needs {cdiv(longest, block_size)} KV blocks of "
+        f"{block_size} tokens, more than admission may use ({num_blocks} - {reserved} kept free by the watermark)"
+    )
+
+
 def rejection(
     prompt_tokens: int,
     output_tokens: int,
     num_blocks: int | None,
     block_size: int,
     max_model_len: int | None = None,
+    watermark_blocks: int = 0,
 ) -> str | None:
     """The simulator's reason to reject a request on arrival (``"rejected: ..."``), or None.
 
-    A request that needs more KV blocks than the cache has (``num_blocks``; None = no limit), or
-    more context than ``max_model_len`` (None = no limit), can never run; the readable harness, the
-    static reference and the fast engine all reject it with this message.
+    A request that needs more KV blocks than the cache has (``num_blocks``; None = no limit), more
+    context than ``max_model_len`` (None = no limit), or, under a scheduler that keeps
+    ``watermark_blocks`` free when admitting, more blocks than admission may ever use, can never
+    run; the readable harness, the static reference and the fast engine all reject it with this
+    message.
     """
     reason = None
     if num_blocks is not None:
@@ -74,4 +97,6 @@ def rejection(
     if reason is None and max_model_len is not None:
         too_long = context_length_error(prompt_tokens, output_tokens, max_model_len)
         reason = too_long[1] if too_long else None
+    if reason is None and num_blocks is not None:
+        reason = watermark_error(prompt_tokens, output_tokens, num_blocks, block_size, watermark_blocks)
     return None if reason is None else f"rejected: {reason}"

@@ -88,5 +88,6 @@ def reference(
         cost,
         block_hashes=hashes if config.enable_prefix_caching else None,
         max_model_len=config.max_model_len,
+        watermark_blocks=config.watermark_blocks if config.scheduler == "prefill-first" else 0,
     )
     return run.traces, run

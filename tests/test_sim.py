@@ -130,6 +130,24 @@ def test_decode_after_prefill_interleaves_like_the_module2_server():
     assert loop.steps.prefill_tokens.tolist() == [2, 0, 4, 0]
 
 
+def test_prefill_first_keeps_the_watermark_free_and_rejects_what_it_could_never_admit():
+    # 10 blocks of 1 token, 2 kept free: B's 5-token prompt waits while A holds 4 and then 5 blocks
+    work = specs((0.0, 4, 3), (0.0, 5, 1))
+    held = SimConfig(scheduler="prefill-first", block_size=1, num_blocks=10, watermark=0.2)
+    result = simulate(work, held, ONE_SECOND_PER_STEP)
+    assert [times(result, rid) for rid in "AB"] == [[1.0, 2.0, 3.0], [4.0]]
+    assert [t.chunk_times for t in reference(work, held, ONE_SECOND_PER_STEP)[0]] == [[1.0, 2.0, 3.0], [4.0]]
+    free = simulate(work, SimConfig(scheduler="prefill-first", block_size=1, num_blocks=10), ONE_SECOND_PER_STEP)
+    assert times(free, "B") == [1.0]  # without the watermark B prefills beside A
+    # 9 prompt tokens fit the cache, never the 8 blocks admission may use: rejected, not stuck
+    never = simulate(specs((0.0, 9, 1), (0.0, 2, 1)), held, ONE_SECOND_PER_STEP)
+    assert "watermark" in never.traces[0].error and times(never, "B") == [1.0]
+    assert [bool(t.error) for t in reference(specs((0.0, 9, 1), (0.0, 2, 1)), held, ONE_SECOND_PER_STEP)[0]] == [
+        True,
+        False,
+    ]
+
+
 def test_max_num_seqs_keeps_the_rest_waiting():
     result = simulate(specs((0.0, 1, 2), (0.0, 1, 2), (0.0, 1, 2)), SimConfig(max_num_seqs=2), ONE_SECOND_PER_STEP)
     assert times(result, "C") == [3.0, 4.0]  # admitted once A and B finished at t=2

@@ -159,7 +159,12 @@ def _reject_impossible(requests: list[_Request], config: SimConfig) -> None:
         spec = r.spec
         total = spec.prompt_tokens + spec.output_tokens
         r.error = rejection(
-            spec.prompt_tokens, spec.output_tokens, config.num_blocks, config.block_size, config.max_model_len
+            spec.prompt_tokens,
+            spec.output_tokens,
+            config.num_blocks,
+            config.block_size,
+            config.max_model_len,
+            config.watermark_blocks if config.scheduler == "prefill-first" else 0,
         )
         if r.error:
             continue

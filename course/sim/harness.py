@@ -164,6 +164,7 @@ def run(
     *,
     block_hashes: Callable[[RequestSpec], list] | None = None,
     max_model_len: int | None = None,
+    watermark_blocks: int = 0,
     max_steps: int = 1_000_000,
 ) -> HarnessRun:
     """Simulate ``workload`` with a step function, a block manager and a cost model.
@@ -179,11 +180,13 @@ def run(
         cost: any object with ``step_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)``.
         block_hashes: prompt block hashes per request, for prefix caching.
         max_model_len: the longest prompt + output a request may have (None: no limit).
+        watermark_blocks: blocks the step keeps free when admitting (V0's watermark), so that a
+            request it could never admit is rejected instead of waiting forever.
         max_steps: stop with an error after this many steps (a step function that never finishes).
 
     Requests that could never run (prompt + output tokens need more blocks than the whole KV cache
-    has, or exceed ``max_model_len``) are rejected on arrival (:func:`course.limits.rejection`) and
-    listed in ``rejected``.
+    has or than admission may use, or exceed ``max_model_len``) are rejected on arrival
+    (:func:`course.limits.rejection`) and listed in ``rejected``.
     """
     specs = sorted(workload, key=lambda spec: spec.arrival_time)
     requests = [SimRequest.from_spec(spec) for spec in specs]
@@ -199,7 +202,12 @@ def run(
             request = requests[next_arrival]
             next_arrival += 1
             request.error = rejection(
-                request.prompt_tokens, request.output_tokens, blocks.num_blocks, blocks.block_size, max_model_len
+                request.prompt_tokens,
+                request.output_tokens,
+                blocks.num_blocks,
+                blocks.block_size,
+                max_model_len,
+                watermark_blocks,
             )
             if request.error:
                 result.rejected.append(request.request_id)

@@ -106,16 +106,8 @@ class _Log:
         self.waiting.append(waiting)
 
     def freeze(self) -> StepLog:
-        return StepLog(
-            start=np.array(self.start, dtype=float),
-            end=np.array(self.end, dtype=float),
-            prefill_tokens=np.array(self.prefill, dtype=np.int64),
-            decode_tokens=np.array(self.decode, dtype=np.int64),
-            kv_tokens_read=np.array(self.kv, dtype=np.int64),
-            attention_pairs=np.array(self.pairs, dtype=float),
-            num_seqs=np.array(self.seqs, dtype=np.int64),
-            used_blocks=np.array(self.used, dtype=np.int64),
-            waiting=np.array(self.waiting, dtype=np.int64),
+        return StepLog.from_columns(
+            self.start, self.end, self.prefill, self.decode, self.kv, self.pairs, self.seqs, self.used, self.waiting
         )
 
 

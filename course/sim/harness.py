@@ -109,16 +109,13 @@ class HarnessRun:
         import numpy as np
 
         loads = np.array(self.step_loads, dtype=float).reshape(-1, 4)
-        steps = StepLog(
-            start=np.array(self.step_starts),
-            end=np.array(self.step_ends),
-            prefill_tokens=loads[:, 0].astype(np.int64),
-            decode_tokens=loads[:, 1].astype(np.int64),
-            kv_tokens_read=loads[:, 2].astype(np.int64),
-            attention_pairs=loads[:, 3],
-            num_seqs=np.array(self.step_seqs, dtype=np.int64),
-            used_blocks=np.array(self.used_blocks, dtype=np.int64),
-            waiting=np.array(self.step_waiting, dtype=np.int64),
+        steps = StepLog.from_columns(
+            self.step_starts,
+            self.step_ends,
+            *loads.T,  # prefill, decode, KV read, attention pairs
+            self.step_seqs,
+            self.used_blocks,
+            self.step_waiting,
         )
         records = [
             RequestRecord(

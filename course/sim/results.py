@@ -41,6 +41,36 @@ class StepLog:
     used_blocks: np.ndarray
     waiting: np.ndarray
 
+    @classmethod
+    def from_columns(
+        cls,
+        start,
+        end,
+        prefill_tokens,
+        decode_tokens,
+        kv_tokens_read,
+        attention_pairs,
+        num_seqs,
+        used_blocks,
+        waiting,
+    ) -> StepLog:
+        """A log from per-step sequences of equal length (lists or arrays), in the fields' dtypes."""
+
+        def counts(values) -> np.ndarray:
+            return np.array(values, dtype=np.int64)
+
+        return cls(
+            start=np.array(start, dtype=float),
+            end=np.array(end, dtype=float),
+            prefill_tokens=counts(prefill_tokens),
+            decode_tokens=counts(decode_tokens),
+            kv_tokens_read=counts(kv_tokens_read),
+            attention_pairs=np.array(attention_pairs, dtype=float),
+            num_seqs=counts(num_seqs),
+            used_blocks=counts(used_blocks),
+            waiting=counts(waiting),
+        )
+
     def __len__(self) -> int:
         return len(self.start)
 

@@ -70,6 +70,15 @@ def _register(request: SimRequest, n: int, blocks) -> None:
         blocks.cache_full_blocks(request.request_id, request.block_hashes, request.computed + n)
 
 
+def _admit(request: SimRequest, n: int, computed: int, running: list[SimRequest], waiting: deque, blocks) -> None:
+    """Move the head of ``waiting`` to the end of ``running``: ``computed`` tokens cached, ``n`` to compute."""
+    waiting.popleft()
+    running.append(request)
+    request.computed = computed
+    request.prefix_hit_tokens += computed
+    _register(request, n, blocks)
+
+
 def schedule_running(
     running: list[SimRequest], waiting: deque, blocks, token_budget: int, long_prefill_token_threshold: int = 0
 ) -> tuple[list[tuple[SimRequest, int]], int, bool]:
@@ -131,11 +140,7 @@ def continuous_step(
         n = min(n, budget)
         if not _allocate(blocks, request, computed + n, hits):
             break  # head-of-line blocking: later requests wait too
-        waiting.popleft()
-        running.append(request)
-        request.computed = computed
-        request.prefix_hit_tokens += computed
-        _register(request, n, blocks)
+        _admit(request, n, computed, running, waiting, blocks)
         scheduled.append((request, n))
         budget -= n
     return scheduled
@@ -169,11 +174,7 @@ def prefill_first_step(
             break
         if not _allocate(blocks, request, computed + n, hits):
             break
-        waiting.popleft()
-        running.append(request)
-        request.computed = computed
-        request.prefix_hit_tokens += computed
-        _register(request, n, blocks)
+        _admit(request, n, computed, running, waiting, blocks)
         scheduled.append((request, n))
         budget -= n
     if scheduled:  # "Don't schedule decodes if prefills are scheduled."

@@ -26,6 +26,7 @@ import numpy as np
 from course.limits import rejection
 from course.sim.blocks import BlockManager, prompt_block_hashes
 from course.sim.config import SimConfig
+from course.sim.harness import step_load
 from course.sim.results import RequestRecord, SimResult, StepLog
 from course.units import cdiv
 from course.workload import RequestSpec, Workload
@@ -440,22 +441,24 @@ class _IterativeRun:
     def _compute_admitted(
         self, admitted: list[tuple[_Request, int]], load: tuple, finished: list[_Request]
     ) -> tuple[int, int, int, int, int]:
-        """Add the admitted requests' tokens to the step's ``load`` and compute them; returns the new load."""
+        """Add the admitted requests' tokens to the step's ``load`` and compute them; returns the new load.
+
+        Their load is the reference's :func:`course.sim.harness.step_load`, computed before they advance.
+        """
         prefill, decode, kv_read, pairs, seqs = load
+        more_prefill, more_decode, more_kv_read, more_pairs = step_load(admitted)
         step = self.step
         for r, n in admitted:
-            c = r.computed
-            if n == 1 and r.generated and c == r.num_tokens - 1:
-                decode += 1
-            else:
-                prefill += n
-            pairs += n * c + n * (n + 1) // 2
-            kv_read += c
-            seqs += 1
-            r.computed = c + n
+            r.computed += n
             if r.computed == r.num_tokens and _sample(r, step):
                 finished.append(r)
-        return prefill, decode, kv_read, pairs, seqs
+        return (
+            prefill + more_prefill,
+            decode + more_decode,
+            kv_read + more_kv_read,
+            pairs + more_pairs,
+            seqs + len(admitted),
+        )
 
     def _retire(self, finished: list[_Request]) -> None:
         """Free the finished requests' blocks (in the order they finished) and drop them from the batch."""

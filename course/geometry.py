@@ -248,14 +248,14 @@ class ModelGeometry:
         A sliding-window layer keeps the last ``sliding_window - 1`` tokens: the next token attends to
         those plus itself, a window of ``sliding_window``. This is what transformers' cache keeps
         (``DynamicSlidingWindowLayer``); Mistral's reference rolling buffer keeps ``sliding_window``.
-        A chunked layer needs at most one chunk (the tokens of the current chunk), a state or
-        MLP-only layer no per-token K/V at all.
+        transformers caches a chunked layer (Llama 4) the same way, with the chunk as the window;
+        a state or MLP-only layer keeps no per-token K/V at all.
         """
         kind = self.attention_kind(layer)
         if kind == SLIDING:
             return min(seq_len, self.sliding_window - 1)
         if kind == CHUNKED:
-            return min(seq_len, self.attention_chunk_size)
+            return min(seq_len, self.attention_chunk_size - 1)
         return seq_len if kind == FULL else 0
 
 
@@ -296,7 +296,8 @@ def _family_defaults(inner: dict) -> dict:
     try:
         from transformers import AutoConfig
 
-        filled = AutoConfig.for_model(inner["model_type"], **inner).to_dict()
+        given = {k: v for k, v in inner.items() if k != "model_type"}
+        filled = AutoConfig.for_model(inner["model_type"], **given).to_dict()
     except Exception as err:  # an unknown model_type or a transformers without it
         raise ValueError(
             f"text_config: model_type {inner['model_type']!r} gives no num_hidden_layers and transformers cannot "

@@ -94,9 +94,9 @@ def bytes_per_token(model: Any, dtype: str | KVDtype = "bf16", tp: int = 1) -> f
 def sequence_bytes(model: Any, tokens: int, dtype: str | KVDtype = "bf16", tp: int = 1) -> float:
     """Cache bytes one sequence of ``tokens`` tokens holds on one GPU, as transformers' cache keeps it.
 
-    Sliding-window layers keep only ``sliding_window - 1`` tokens, chunked layers at most one chunk,
-    state layers their constant state (once the sequence has a token); full-attention layers keep
-    every token.
+    Sliding-window and chunked layers keep only the last ``window - 1`` tokens, full-attention layers
+    every token, state layers their constant state once the sequence has a token (sized as vLLM
+    sizes it: transformers' convolution state keeps one more column, the kernel's full width).
     """
     g = get_model(model)
     _non_negative_int("tokens", tokens)

@@ -111,6 +111,8 @@ class ModelGeometry:
         weight_dtype: dtype of the published weights ("bf16", "fp16", "fp32", "fp8"), if stated.
         model_type: the config's ``model_type``.
         attention_chunk_size: chunked local attention (Llama 4): tokens per chunk.
+        vocab_size: rows of the embedding (and of the LM head), when the config states it.
+        tie_word_embeddings: whether the LM head reuses the input embedding's matrix.
         state_shapes: the shapes of the constant-size state one state layer keeps per sequence
             (vLLM's ``MambaStateShapeCalculator``, tensor parallel 1), e.g. a convolution state
             and an SSM state; None for models without state layers.
@@ -133,6 +135,8 @@ class ModelGeometry:
     model_type: str = ""
     attention_chunk_size: int | None = None
     state_shapes: tuple[tuple[int, ...], ...] | None = None
+    vocab_size: int | None = None
+    tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "num_query_heads", "num_kv_heads", "head_dim", "hidden_size"):
@@ -186,6 +190,21 @@ class ModelGeometry:
         if self.num_kv_heads == self.num_query_heads:
             return "MHA"
         return "MQA" if self.num_kv_heads == 1 else "GQA"
+
+    @property
+    def lm_head_params(self) -> int:
+        """Parameters of the LM head (vocab x hidden), 0 when the vocabulary is unknown."""
+        return (self.vocab_size or 0) * self.hidden_size
+
+    @property
+    def body_params(self) -> int | None:
+        """Parameters used as matmuls for every token: all but the input embedding (a table lookup,
+        not a matmul) and the LM head (a matmul only where logits are computed). None without
+        num_params; num_params itself when the vocabulary is unknown."""
+        if self.num_params is None:
+            return None
+        embedding_tables = 1 if self.tie_word_embeddings else 2
+        return self.num_params - embedding_tables * self.lm_head_params
 
     def layer_kind(self, layer: int) -> str:
         """What layer ``layer`` (0-based) caches: one of :data:`KINDS`."""
@@ -519,35 +538,22 @@ def from_hf_config(config: Any, name: str | None = None, num_params: int | None 
         model_type=str(cfg.get("model_type", "")),
         attention_chunk_size=chunk,
         state_shapes=state,
+        vocab_size=cfg.get("vocab_size") if isinstance(cfg.get("vocab_size"), int) else None,
+        tie_word_embeddings=bool(
+            cfg.get("tie_word_embeddings", str(cfg.get("model_type", "")).startswith(("gemma", "gpt2")))
+        ),
     )
 
 
-# Two real models that module 1 reasons about; numbers from their config.json on the Hub.
-LLAMA2_7B = ModelGeometry(
-    "Llama-2-7B",
-    num_layers=32,
-    num_query_heads=32,
-    num_kv_heads=32,
-    head_dim=128,
-    hidden_size=4096,
-    num_params=6_738_415_616,
-    source="https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json (num_key_value_heads 32 = "
-    "heads: MHA); 6.74B parameters per its model card",
-    max_position_embeddings=4096,
-    weight_dtype="fp16",
-    model_type="llama",
-)
-LLAMA3_8B = ModelGeometry(
-    "Llama-3-8B",
-    num_layers=32,
-    num_query_heads=32,
-    num_kv_heads=8,
-    head_dim=128,
-    hidden_size=4096,
-    num_params=8_030_261_248,
-    source="https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json (num_key_value_heads 8: GQA); "
-    "8.03B parameters per its model card",
-    max_position_embeddings=8192,
-    weight_dtype="bf16",
-    model_type="llama",
-)
+# Two real models that modules 1 and 3 reason about, read from the one model catalogue
+# (course/data/kv_models.json, via course.kv.catalogue) when first used: the catalogue imports this
+# module, so the constants are looked up lazily instead of being written out a second time here.
+_CATALOGUE_CONSTANTS = {"LLAMA2_7B": "Llama-2-7B", "LLAMA3_8B": "Llama-3-8B"}
+
+
+def __getattr__(name: str) -> ModelGeometry:
+    if name in _CATALOGUE_CONSTANTS:
+        from course.kv.catalogue import catalogue_entry
+
+        return catalogue_entry(_CATALOGUE_CONSTANTS[name]).geometry
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -342,3 +342,30 @@ def test_a_missing_folder_is_not_called_an_unknown_model(tmp_path, capsys):
     assert course_main(["kv", str(tmp_path / "no-such-model")]) == 2
     err = capsys.readouterr().err
     assert "no such config.json" in err and "folder does not exist" in err and "catalogue models" not in err
+
+
+# --- one catalogue for every command ---------------------------------------------------------------------
+
+
+def test_course_simulate_reads_the_same_catalogue_and_the_gpus_vllm_defaults(capsys):
+    from course.sim import SimConfig
+    from course.sim.cli import MODELS
+
+    assert set(MODELS) == set(kv.catalogue())
+    assert kv.MODELS["Llama-3-8B"] == geometry.LLAMA3_8B  # the constants come from the catalogue
+    args = ["simulate", "--model", "Qwen2.5-7B", "--requests", "20", "--rate", "5", "--json"]
+    assert course_main([*args, "--gpu", "H100-SXM"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert (config["max_num_batched_tokens"], config["max_num_seqs"], config["enable_prefix_caching"]) == (
+        8192,
+        1024,
+        True,
+    )
+    expected = kv.budget("Qwen2.5-7B", "H100-SXM", activation_bytes=vllm.REFERENCE_LOG.activation_bytes,
+                         non_torch_bytes=vllm.REFERENCE_LOG.non_torch_bytes)  # fmt: skip
+    assert config["num_blocks"] == expected.num_blocks
+    assert course_main([*args, "--gpu", "L4", "--no-prefix-caching", "--num-blocks", "900"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert (config["max_num_batched_tokens"], config["max_num_seqs"]) == (2048, 256)
+    assert not config["enable_prefix_caching"] and config["num_blocks"] == 900
+    assert SimConfig.vllm_defaults("A100-80GB").max_num_batched_tokens == 2048  # the A100 exception

@@ -46,6 +46,37 @@ HYBRID_BLOCK_ALIGNMENT = 16
 
 
 @dataclass(frozen=True)
+class StartupLog:
+    """The memory lines of one public vLLM startup log (GiB), the course's reference measurement.
+
+    "the current vLLM instance can use total_gpu_memory (79.14GiB) x gpu_memory_utilization (0.90) =
+    71.22GiB; model weights take 14.99GiB; non_torch_memory takes 0.12GiB; PyTorch activation peak
+    memory takes 1.19GiB; the rest of the memory reserved for KV Cache is 54.93GiB" (an 8B Llama-3
+    model in bf16 on an 80 GB card; quoted in the course's serving reference, section 11). Modules 3
+    and 4 use its activation peak and non-torch memory for Llama-3-8B on 80 GB cards, so both
+    modules budget the same model on the same GPU identically.
+    """
+
+    total_gib: float = 79.14
+    utilization: float = 0.90
+    weights_gib: float = 14.99
+    non_torch_gib: float = 0.12
+    activation_gib: float = 1.19
+    kv_cache_gib: float = 54.93
+
+    @property
+    def activation_bytes(self) -> float:
+        return self.activation_gib * GiB
+
+    @property
+    def non_torch_bytes(self) -> float:
+        return self.non_torch_gib * GiB
+
+
+REFERENCE_LOG = StartupLog()
+
+
+@dataclass(frozen=True)
 class BatchDefaults:
     """vLLM's scheduler defaults for one GPU (``EngineArgs.get_batch_defaults``).
 

@@ -369,3 +369,13 @@ def test_course_simulate_reads_the_same_catalogue_and_the_gpus_vllm_defaults(cap
     assert (config["max_num_batched_tokens"], config["max_num_seqs"]) == (2048, 256)
     assert not config["enable_prefix_caching"] and config["num_blocks"] == 900
     assert SimConfig.vllm_defaults("A100-80GB").max_num_batched_tokens == 2048  # the A100 exception
+
+
+def test_the_kv_package_is_still_a_forbidden_reference_in_exercises():
+    """course.kv is a package now: calls into any of its modules count as using the reference."""
+    from course.grading import forbid_reference
+
+    with pytest.raises(AssertionError, match="course.paging.paged_blocks"), forbid_reference(kv):
+        kv.paged_blocks(17, 16)
+    with pytest.raises(AssertionError, match="reference implementation"), forbid_reference(kv):
+        kv.budget("Llama-3-8B", "H100")

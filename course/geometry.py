@@ -10,12 +10,18 @@ The reader understands the shapes of attention that change the KV cache:
   and multi-query attention (MQA: one KV head; older configs say ``multi_query: true``);
 * an explicit ``head_dim`` that differs from ``hidden_size // num_attention_heads`` (Gemma,
   Qwen3);
-* sliding-window layers, on every layer (Mistral 7B v0.1, Phi-3) or on some of them
-  (Gemma 2 alternates; ``layer_types`` lists them in newer configs);
+* layer kinds (:data:`LAYER_KINDS`): ``layer_types`` with every value transformers 5.x and vLLM
+  use, or the family's defaults where the config leaves them out: sliding-window layers on every
+  layer (Mistral 7B v0.1, Phi-3) or on some (Gemma 2 alternates, Gemma 3 makes every 6th layer
+  global, ``sliding_window_pattern``/``_sliding_window_pattern`` override), chunked local attention
+  (Llama 4's ``attention_chunk_size``), linear-attention and Mamba layers that keep a constant-size
+  state sized from the config (Qwen3-Next, Jamba, Mamba-2 hybrids), and MLP-only layers. Attention
+  sinks add no cached tokens: gpt-oss's sink is one learned logit per head (``self_attn.sinks``),
+  and its cache is read from its ``layer_types`` (128-token windows on every other layer);
 * multi-head latent attention (MLA, DeepSeek-V2/V3: ``kv_lora_rank`` + ``qk_rope_head_dim``);
 * the key names of older architectures (GPT-2's ``n_layer``/``n_head``/``n_embd``, Falcon's
   ``multi_query``/``num_kv_heads``, ChatGLM's ``multi_query_group_num``/``kv_channels``) and
-  a nested ``text_config`` (multimodal wrappers).
+  a nested ``text_config`` (multimodal wrappers), completed with its family's defaults (llava).
 """
 
 from __future__ import annotations

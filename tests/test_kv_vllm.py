@@ -379,3 +379,16 @@ def test_the_kv_package_is_still_a_forbidden_reference_in_exercises():
         kv.paged_blocks(17, 16)
     with pytest.raises(AssertionError, match="reference implementation"), forbid_reference(kv):
         kv.budget("Llama-3-8B", "H100")
+
+
+def test_attention_sinks_add_no_cached_tokens():
+    """gpt-oss: a learned sink logit per head, 128-token windows on every other layer; the real cache agrees."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    model = _tiny(GptOssConfig, GptOssForCausalLM, hidden_size=64, intermediate_size=64, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, num_hidden_layers=4, sliding_window=8, num_local_experts=4,
+                  num_experts_per_tok=2)  # fmt: skip
+    assert any(name.endswith("self_attn.sinks") for name, _ in model.named_parameters())
+    g = geometry.from_hf_config(model.config.to_dict())
+    assert (g.num_sliding_layers, g.count(geometry.FULL)) == (2, 2)
+    assert _attention_bytes(_real_cache(model, 2, 30)) == kv.batch_bytes(g, 30, 2, "fp32")

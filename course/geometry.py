@@ -210,7 +210,8 @@ class ModelGeometry:
         if self.num_params is None:
             return None
         embedding_tables = 1 if self.tie_word_embeddings else 2
-        return self.num_params - embedding_tables * self.lm_head_params
+        body = self.num_params - embedding_tables * self.lm_head_params
+        return body if body > 0 else self.num_params  # a count too small for its vocabulary: no split
 
     def layer_kind(self, layer: int) -> str:
         """What layer ``layer`` (0-based) caches: one of :data:`KINDS`."""

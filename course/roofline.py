@@ -53,7 +53,8 @@ def _weights(geometry: ModelGeometry) -> tuple[int, int]:
     """(body parameters, LM-head parameters) of a geometry that knows its parameter count."""
     if geometry.num_params is None:
         raise ValueError(f"{geometry.name}: num_params is needed for the weight traffic")
-    return geometry.body_params, geometry.lm_head_params
+    body = geometry.body_params
+    return body, (geometry.lm_head_params if body != geometry.num_params else 0)  # no split: all in the body
 
 
 def decode_step_flops_bytes(

@@ -155,9 +155,11 @@ class KVBudget:
 
     @property
     def startup_error(self) -> str | None:
-        """vLLM's refusal to start when the requested share is not free (None when it starts)."""
-        if self.kv_cache_memory_bytes is not None:
-            return None  # with kv_cache_memory_bytes the utilization check does not apply
+        """vLLM's refusal to start when the requested share is not free (None when it starts).
+
+        The worker checks this when it initialises the device, before it looks at
+        ``kv_cache_memory_bytes`` (``vllm/v1/worker/gpu_worker.py``, ``init_device``).
+        """
         return vllm.free_memory_error(self.total_memory, self.free_at_startup, self.utilization)
 
     @property

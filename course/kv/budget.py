@@ -157,8 +157,9 @@ class KVBudget:
     def startup_error(self) -> str | None:
         """vLLM's refusal to start when the requested share is not free (None when it starts).
 
-        The worker checks this when it initialises the device, before it looks at
-        ``kv_cache_memory_bytes`` (``vllm/v1/worker/gpu_worker.py``, ``init_device``).
+        The worker checks this when it initialises the device (``vllm/v1/worker/gpu_worker.py``,
+        ``init_device``); the copies of that code the course read do not skip the check when
+        ``kv_cache_memory_bytes`` is set, so neither does the course.
         """
         return vllm.free_memory_error(self.total_memory, self.free_at_startup, self.utilization)
 

@@ -57,7 +57,9 @@ def _blocks_for(kind: str, window: int | None, max_model_len: int, batched: int,
     if kind == CHUNKED:
         return cdiv(min(window + batched, max_model_len), block_size)
     if kind == STATE:
-        return 1  # MambaSpec with mamba_cache_mode "none": one state page per request
+        # MambaSpec.max_memory_usage_bytes with mamba_cache_mode "none": one state page per request
+        # ("align", the mode for prefix caching of state layers, keeps 2; "all", one per block)
+        return 1
     return cdiv(max_model_len, block_size)
 
 
@@ -102,8 +104,10 @@ def hybrid_block_size(g: ModelGeometry, attention_page_per_token: float, state_p
 
     vLLM raises the attention block size until one attention page (``block_size`` tokens of one layer)
     holds one state page, in multiples of the kernel alignment, and pads the state page to match
-    (the "Setting attention block size to N tokens to ensure that attention page size is >= mamba page
-    size" step of its hybrid-model config).
+    (``vllm/model_executor/models/config.py``, the hybrid attention + Mamba config: ``attn_block_size =
+    alignment x cdiv(mamba_page_size, alignment x attn_page_size_1_token)``, logged as "Setting attention
+    block size to N tokens to ensure that attention page size is >= mamba page size"; public logs show
+    528-784 tokens for Qwen3.5 and Granite-4 hybrids).
     """
     if not g.num_state_layers or not attention_page_per_token:
         return block_size

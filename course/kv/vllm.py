@@ -13,7 +13,9 @@ module 3) rely on is stated here once, with the file it was read from:
   ``ChunkedLocalAttentionSpec.max_memory_usage_bytes``, ``MambaSpec``),
   ``vllm/v1/core/kv_cache_utils.py`` (commit 001cabc: KV-cache groups, ``get_num_blocks``,
   ``get_max_concurrency_for_kv_cache_config``, the "GPU KV cache size" log) and
-  ``vllm/model_executor/layers/mamba/mamba_utils.py`` (commit 02d7108: state shapes).
+  ``vllm/model_executor/layers/mamba/mamba_utils.py`` (commit 02d7108: state shapes) and
+  ``vllm/model_executor/models/config.py`` (the hybrid attention + Mamba block size, read in public
+  copies of the file and checked against public startup logs).
 * The 0.11-era values the course started from (``gpu_memory_utilization`` 0.90) are kept as
   :data:`SEED_GPU_MEMORY_UTILIZATION`: the seed's starting point, and what most public startup logs
   (including the one the module-4 notebook reproduces) were run with.
@@ -33,6 +35,7 @@ SOURCE_FILES = (
     "vllm/v1/kv_cache_interface.py",
     "vllm/v1/core/kv_cache_utils.py",
     "vllm/model_executor/layers/mamba/mamba_utils.py",
+    "vllm/model_executor/models/config.py",
 )
 GPU_MEMORY_UTILIZATION = (
     0.92  # CacheConfig.gpu_memory_utilization: "If unspecified, will use the default value of 0.92"

@@ -38,6 +38,10 @@ def forbid_reference(*modules: ModuleType) -> Iterator[None]:
     """
     files = {str(Path(module.__file__).resolve()) for module in modules}
     files |= {module.__file__ for module in modules}
+    for module in modules:  # a package (course.kv): every module in it
+        for directory in getattr(module, "__path__", ()):
+            for path in Path(directory).rglob("*.py"):
+                files |= {str(path), str(path.resolve())}
     called: list[str] = []
 
     def watch(frame, event, arg):  # sys.setprofile hook

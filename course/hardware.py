@@ -3,6 +3,11 @@
 Used by the roofline (modules 1 and 3) and the capacity budget (module 4). GPU figures are
 the vendor's datasheet numbers for dense bf16/fp16 tensor math (datasheets often print the
 2:4-sparse figure, twice as large); "GB" is 10**9 bytes as on the datasheets.
+
+Memory comes twice. ``memory_bytes`` is the datasheet's "80 GB"; ``driver_memory_bytes`` is what
+the CUDA driver reports as the card's total (``torch.cuda.mem_get_info()[1]``), a little less
+(ECC, reserved regions): vLLM multiplies *that* by ``gpu_memory_utilization``
+(``vllm/v1/worker/gpu_worker.py``), so every budget uses :attr:`HardwareSpec.total_memory`.
 :func:`measure_runtime` makes a spec for the learner's own runtime from measurements.
 """
 
@@ -12,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 GB = 1e9
+GiB = 2**30
 TB = 1e12
 TFLOPS = 1e12
 
@@ -26,6 +32,9 @@ class HardwareSpec:
         bandwidth: peak memory bandwidth (bytes/s).
         flops: peak dense bf16/fp16 throughput (FLOP/s), or fp32 for a measured CPU.
         source: where the numbers come from (a datasheet URL, or "measured ...").
+        driver_memory_bytes: the total the CUDA driver reports (bytes), which vLLM budgets
+            from; None where only the datasheet figure is known.
+        driver_memory_source: where that figure comes from (a vLLM startup log).
     """
 
     name: str
@@ -33,6 +42,13 @@ class HardwareSpec:
     bandwidth: float
     flops: float
     source: str
+    driver_memory_bytes: float | None = None
+    driver_memory_source: str = ""
+
+    @property
+    def total_memory(self) -> float:
+        """Bytes vLLM sees as the card's total: the driver's figure, else the datasheet's."""
+        return self.driver_memory_bytes if self.driver_memory_bytes is not None else self.memory_bytes
 
     @property
     def ridge_point(self) -> float:
@@ -40,6 +56,15 @@ class HardwareSpec:
         return self.flops / self.bandwidth
 
 
+# vLLM prints the driver's total at startup: "the current vLLM instance can use total_gpu_memory
+# (79.14GiB) x gpu_memory_utilization (0.90) = ..." (vllm/v1/worker/gpu_worker.py). The figures
+# below are read from such public logs; they vary by a few hundredths of a GiB with the driver.
+_LOG = "vLLM startup log 'total_gpu_memory ({gib}GiB)'"
+_LOG_80GB = (
+    _LOG.format(gib="79.14") + " for an 8B model on an 80 GB card (the course's serving reference, "
+    "section 11: 71.22 GiB requested at 0.90, 54.93 GiB left for the KV cache); other public 80 GB logs "
+    "read 79.11-79.25 GiB"
+)
 _A100_DATASHEET = (
     "NVIDIA A100 datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
     "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
@@ -57,6 +82,8 @@ GPUS: dict[str, HardwareSpec] = {
             "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"
             "; cross-checked: 16 GB GDDR6, 320 GB/s, 65.13 TFLOPS FP16 at "
             "https://sysrqmts.com/it/gpus/compare/nvidia-tesla-t10-processor-vs-nvidia-tesla-t4",
+            14.74 * GiB,
+            _LOG.format(gib="14.74") + " on a Colab T4 (public logs of ECC-enabled T4s also read 14.56 GiB)",
         ),
         HardwareSpec(
             "L4",
@@ -66,6 +93,9 @@ GPUS: dict[str, HardwareSpec] = {
             "NVIDIA L4 product page (242 TFLOPS FP16/BF16 with sparsity, so 121 dense), "
             "https://www.nvidia.com/en-us/data-center/l4/; cross-checked: 24 GB GDDR6 at 300 GB/s and 242 TFLOPS "
             "FP16 with sparsity at https://grokipedia.com/page/NVIDIA_L4_vs_L40S",
+            21.99 * GiB,
+            "UNVERIFIED: public vLLM logs of 24 GB data-centre cards read total_gpu_memory 21.48-21.99 GiB; "
+            "none names the L4; pass the figure your own log prints (course kv --gpu-memory-gib)",
         ),
         HardwareSpec(
             "A10G",
@@ -76,6 +106,9 @@ GPUS: dict[str, HardwareSpec] = {
             "NVIDIA publishes no A10G datasheet. 24 GB GDDR6 at 600 GB/s per "
             "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/ ; the 70 TFLOPS dense FP16 "
             "tensor figure is UNVERIFIED (secondary reports; the A10 itself is rated 125)",
+            21.99 * GiB,
+            "UNVERIFIED: public vLLM logs of 24 GB data-centre cards read total_gpu_memory 21.48-21.99 GiB; "
+            "none names the A10G; pass the figure your own log prints (course kv --gpu-memory-gib)",
         ),
         HardwareSpec(
             "A100-40GB",
@@ -84,6 +117,8 @@ GPUS: dict[str, HardwareSpec] = {
             312 * TFLOPS,
             _A100_DATASHEET + " (SXM, HBM2); cross-checked: 1,555 GB/s at "
             "https://datacrunch.io/en/blog/nvidia-a100-gpu-specs-price-and-alternatives",
+            39.49 * GiB,
+            _LOG.format(gib="39.49") + " on 40 GB A100s (other public logs read 39.39-39.56 GiB)",
         ),
         HardwareSpec(
             "A100-80GB",
@@ -92,6 +127,8 @@ GPUS: dict[str, HardwareSpec] = {
             312 * TFLOPS,
             _A100_DATASHEET + " (SXM, HBM2e); cross-checked: 80 GB at 2.0 TB/s, 624 TFLOPS BF16 with sparsity at "
             "https://www.yobitel.com/knowledge-base/nvidia-a100",
+            79.14 * GiB,
+            _LOG_80GB,
         ),
         HardwareSpec(
             "H100-SXM",
@@ -101,6 +138,8 @@ GPUS: dict[str, HardwareSpec] = {
             "NVIDIA H100 product page (1,979 TFLOPS BF16 with sparsity, so 989 dense), "
             "https://www.nvidia.com/en-us/data-center/h100/; cross-checked: 989.4 dense / 1,978.9 sparse BF16 and "
             "3.35 TB/s at https://glennklockwood.com/garden/processors/h100",
+            79.14 * GiB,
+            _LOG_80GB,
         ),
         HardwareSpec(
             "H200-SXM",
@@ -110,6 +149,8 @@ GPUS: dict[str, HardwareSpec] = {
             "NVIDIA H200 product page (same compute as H100 SXM, HBM3e), "
             "https://www.nvidia.com/en-us/data-center/h200/; cross-checked: 141 GB, 4.8 TB/s, ~989 TFLOPS dense "
             "BF16 at https://itkb.uw.cz/2026/06/nvidia-h200-vs-b300-precisions-cores.html",
+            139.81 * GiB,
+            _LOG.format(gib="139.81") + " on a 141 GB H200",
         ),
     ]
 }

@@ -82,3 +82,20 @@ def test_decode_batches_for_free_at_short_context_but_not_at_long():
     assert step(32, 1024) / step(1, 1024) < 1.5
     assert step(32, 32768) / step(1, 32768) > 5
     assert roofline.bound(roofline.arithmetic_intensity(*roofline.prefill_flops_bytes(llama, 4096)), h100) == "compute"
+
+
+def test_roofline_leaves_out_the_embedding_and_runs_the_lm_head_only_where_logits_are_computed():
+    llama = geometry.LLAMA3_8B  # vocab 128,256 x hidden 4,096, untied: two 525M-parameter tables
+    table = 128_256 * 4096
+    assert llama.lm_head_params == table and llama.body_params == 8_030_261_248 - 2 * table
+    n = 4096
+    attention = 4.0 * 32 * 32 * 128 * n * n / 2
+    flops, moved = roofline.prefill_flops_bytes(llama, n)
+    assert flops == 2.0 * llama.body_params * n + 2.0 * table + attention  # logits at the last position only
+    assert (2.0 * llama.num_params * n + attention) / flops > 1.1  # counting every parameter: >10 % high
+    assert moved == (llama.body_params + table) * 2 + n * 4096 * 2 + n * 131072  # one embedding row per token
+    flops, moved = roofline.decode_step_flops_bytes(llama, 8, 1000)
+    assert flops == 8 * (2.0 * (llama.body_params + table) + 4.0 * 1000 * 32 * 128 * 32)  # every decode token sampled
+    assert moved == (llama.body_params + table) * 2 + 8 * 4096 * 2 + 8 * 1000 * 131072
+    toy = geometry.ModelGeometry("toy", 2, 4, 2, 8, 32, num_params=10_000)  # no vocabulary: all parameters count
+    assert roofline.prefill_flops_bytes(toy, 10)[0] == 2.0 * 10_000 * 10 + 4.0 * 2 * 4 * 8 * 10 * 10 / 2

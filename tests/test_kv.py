@@ -156,9 +156,22 @@ def test_kv_dtypes_and_their_overheads():
     assert kv.bytes_per_token(g, "fp32") == 262_144
     assert kv.bytes_per_token(g, "bf16") == kv.bytes_per_token(g, "fp16") == 131_072
     assert kv.bytes_per_token(g, "fp8") == 65_536
-    assert kv.bytes_per_token(g, "int8") == 32 * 2 * 8 * (128 + 4)  # one fp16 scale + zero point per head vector
+    # vLLM's per-token-head dtypes: one fp32 scale per token and head, for K and for V
+    # (vllm/v1/kv_cache_interface.py, AttentionSpec.page_size_bytes adds 2 x block x heads x 4 bytes)
+    assert kv.bytes_per_token(g, "int8_per_token_head") == 32 * 2 * 8 * (128 + 4)
+    assert kv.bytes_per_token(g, "int8") == kv.bytes_per_token(g, "int8_per_token_head")  # the old short name
+    assert kv.bytes_per_token(g, "fp8_per_token_head") == 32 * 2 * 8 * (128 + 4)
     assert kv.bytes_per_token(g, "int4") == 32 * 2 * 8 * (64 + 4)
-    assert kv.get_kv_dtype(torch.bfloat16).name == "bf16" and kv.get_kv_dtype("float8_e4m3fn").name == "fp8"
+    # nvfp4: head_dim // 2 bytes of packed values + head_dim // 16 fp8 block scales per head vector
+    assert kv.bytes_per_token(g, "nvfp4") == 32 * 2 * 8 * (64 + 8)
+    assert kv.bytes_per_token(g, "fp8_e5m2") == kv.bytes_per_token(g, "fp8_e4m3") == 65_536
+    assert kv.get_kv_dtype(torch.bfloat16).name == "bf16" and kv.get_kv_dtype("float8_e4m3fn").name == "fp8_e4m3"
+    # DeepSeek-V3.2's fp8_ds_mla: 656 bytes per token and layer (MLAAttentionSpec.real_page_size_bytes)
+    assert kv.bytes_per_token("DeepSeek-V3", "fp8_ds_mla") == 61 * 656
+    with pytest.raises(ValueError, match="fp8_ds_mla is an MLA layout"):
+        kv.bytes_per_token(g, "fp8_ds_mla")
+    for name in ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla", "int8_per_token_head", "fp8_per_token_head", "nvfp4"):
+        assert name in kv.KV_DTYPES and "vllm" in kv.KV_DTYPES[name].note.lower()
     for d in kv.KV_DTYPES.values():
         assert d.note
 
@@ -193,7 +206,13 @@ def test_budget_follows_vllm_arithmetic():
     # module 1's q11: 80 GiB, utilization 0.9, 13 GiB weights, 3 GiB activations -> 56 GiB = 28 sequences of 4K
     gpu = hardware.HardwareSpec("80 GiB card", 80 * GIB, 2e12, 300e12, "test")
     b = kv.budget(
-        "Llama-2-7B", gpu, max_model_len=4096, kv_dtype="fp16", weight_bytes=13 * GIB, activation_bytes=3 * GIB
+        "Llama-2-7B",
+        gpu,
+        utilization=0.9,  # the seed's (and vLLM <= 0.11's) default; vLLM's own is 0.92 today
+        max_model_len=4096,
+        kv_dtype="fp16",
+        weight_bytes=13 * GIB,
+        activation_bytes=3 * GIB,
     )
     assert b.kv_memory == 56 * GIB and b.num_blocks == 56 * GIB // (16 * 2**19)
     assert b.max_batch(4096) == 28 and b.max_concurrency == 28.0 and b.num_tokens == 28 * 4096

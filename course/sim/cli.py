@@ -19,9 +19,11 @@ import json
 from pathlib import Path
 
 from course import geometry, hardware, workload
+from course.kv import vllm
+from course.kv.catalogue import catalogue, get_model
 from course.sim.config import SCHEDULERS, SimConfig, kv_blocks, read_config_file
 
-MODELS = {"llama-3-8b": geometry.LLAMA3_8B, "llama-2-7b": geometry.LLAMA2_7B}
+MODELS = tuple(catalogue())  # the one model catalogue (course/data/kv_models.json), as course kv reads it
 DEFAULTS = {
     "workload": {"requests": 1000, "rate": 10.0, "burstiness": 1.0, "prompt_tokens": "lognormal:512:0.8:8192",
                  "output_tokens": "uniform:100:300", "seed": 0, "trace": None, "system_prompt_tokens": 0,
@@ -63,14 +65,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--seed", type=int, help="seed of the generated workload (default 0)")
     s = parser.add_argument_group("scheduler (vLLM's names and defaults)")
     s.add_argument("--scheduler", choices=SCHEDULERS, help="continuous (vLLM V1), prefill-first (V0) or static")
-    s.add_argument("--max-num-seqs", type=int, help="most running requests (static: batch size; default 256)")
-    s.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (default 2048 with chunking)")
+    s.add_argument(
+        "--max-num-seqs", type=int, help="most running requests (static: batch size; default vLLM's for the --gpu)"
+    )
+    s.add_argument(
+        "--max-num-batched-tokens", type=int, help="token budget per step (default vLLM's for the --gpu: 8192 or 2048)"
+    )
     s.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_const", const=False, default=None)
     s.add_argument("--long-prefill-token-threshold", type=int, help="most tokens per request per step (0 = off)")
     s.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
-    s.add_argument("--num-blocks", type=int, help="KV blocks in the cache (default 16384)")
+    s.add_argument(
+        "--num-blocks",
+        type=int,
+        help="KV blocks in the cache (default: vLLM's budget for --model on --gpu at gpu_memory_utilization 0.92)",
+    )
     s.add_argument("--kv-gib", type=float, help="size the cache from a KV budget in GiB instead of --num-blocks")
-    s.add_argument("--prefix-caching", dest="enable_prefix_caching", action="store_const", const=True, default=None)
+    s.add_argument(
+        "--prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_const",
+        const=True,
+        default=None,
+        help="reuse cached prompt blocks (vLLM's default: on)",
+    )
+    s.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False, default=None)
     s.add_argument("--watermark", type=float, help="fraction of blocks prefill-first keeps free (V0: 0.01)")
     s.add_argument("--max-model-len", type=int, help="reject requests whose prompt + output exceed this")
     s.add_argument(
@@ -83,7 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c = parser.add_argument_group("cost model")
     c.add_argument("--cost", dest="kind", choices=("roofline", "linear"), help="step-time model (default roofline)")
     c.add_argument("--gpu", help=f"roofline GPU: {', '.join(hardware.GPUS)} (default H100-SXM)")
-    c.add_argument("--model", help=f"roofline model: {', '.join(MODELS)} or a config.json path (with --num-params)")
+    c.add_argument(
+        "--model", help="roofline model: a catalogue name (course kv --list) or a config.json path (with --num-params)"
+    )
     c.add_argument("--num-params", type=float, help="parameter count of a --model config.json")
     c.add_argument("--flops-efficiency", type=float, help="share of peak FLOP/s reached (default 0.75)")
     c.add_argument("--bandwidth-efficiency", type=float, help="share of peak bandwidth reached (default 0.77)")
@@ -192,10 +212,14 @@ def build(settings: dict):
 
     scheduler = dict(settings["scheduler"])
     kv_gib = scheduler.pop("kv_gib", None)
+    gpu = hardware.gpu(c["gpu"])
     if kv_gib is not None:
         model = model or _model(c["model"], c["num_params"])
         scheduler["num_blocks"] = kv_blocks(kv_gib * 2**30, model, scheduler.get("block_size", 16))
-    config = SimConfig.from_dict(scheduler)
+    elif "num_blocks" not in scheduler:
+        model = model or _model(c["model"], c["num_params"])
+        scheduler["num_blocks"] = _budget_blocks(model, gpu, scheduler)
+    config = SimConfig.vllm_defaults(gpu, **scheduler)
     slo = settings["slo"]
     slos = {
         "ttft_slo": slo["ttft_ms"] / 1e3 if slo["ttft_ms"] else None,
@@ -205,14 +229,36 @@ def build(settings: dict):
 
 
 def _model(name: str, num_params: float | None) -> geometry.ModelGeometry:
-    if name.lower() in MODELS:
-        return MODELS[name.lower()]
-    path = Path(name)
-    if path.exists():
-        if not num_params:
-            raise ValueError(f"--model {name}: a config.json has no parameter count; give --num-params")
-        return geometry.from_hf_config(path, num_params=int(num_params))
-    raise ValueError(f"unknown model {name!r}: use {', '.join(MODELS)} or the path of a config.json")
+    """A catalogue model or a config.json (a config needs --num-params unless its count can be derived)."""
+    try:
+        model = get_model(name, num_params=int(num_params) if num_params else None)
+    except ValueError as err:
+        if Path(name).exists():
+            raise
+        raise ValueError(
+            f"unknown model {name!r}: use a catalogue name ({', '.join(MODELS)}) or the path of a config.json"
+        ) from err
+    if model.num_params is None:
+        raise ValueError(f"--model {name}: the config's parameter count cannot be derived; give --num-params")
+    return model
+
+
+def _budget_blocks(model: geometry.ModelGeometry, gpu: hardware.HardwareSpec, scheduler: dict) -> int:
+    """vLLM's block count for ``model`` on ``gpu`` at today's default utilization, with the reference
+    log's activation peak and non-torch memory (:data:`course.kv.vllm.REFERENCE_LOG`)."""
+    from course.kv import budget
+
+    b = budget(
+        model,
+        gpu,
+        max_model_len=scheduler.get("max_model_len") or model.max_position_embeddings or 8192,
+        block_size=scheduler.get("block_size", vllm.BLOCK_SIZE),
+        activation_bytes=vllm.REFERENCE_LOG.activation_bytes,
+        non_torch_bytes=vllm.REFERENCE_LOG.non_torch_bytes,
+    )
+    if b.num_blocks < 1:
+        raise ValueError(f"{model.name} leaves no KV memory on a {gpu.name}; give --num-blocks or --kv-gib")
+    return b.num_blocks
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,12 +1,14 @@
 """Scheduler settings, named as vLLM names them, with vLLM's defaults where it has one.
 
-Defaults (vLLM 0.11, ``engine/arg_utils.py`` and ``config/scheduler.py``; the course's
-serving reference summarises them): ``block_size`` 16 on CUDA; the OpenAI API server's
-``max_num_batched_tokens`` is 2048 with chunked prefill on non-H100-class GPUs (8192 on
-H100/H200) and ``max_num_seqs`` 256 (1024 on H100/H200); with chunked prefill off the budget is
-``max_model_len``; V0's default scheduler used ``max(max_model_len, 2048)`` and a free-block
-watermark of 1 % of the blocks. ``num_blocks`` depends on the GPU, the model and
-``gpu_memory_utilization`` (module 4 computes it); :func:`kv_blocks` gives it from a KV budget.
+The dataclass defaults are vLLM's for GPUs under 70 GiB and A100s under ``vllm serve``
+(``vllm/engine/arg_utils.py``, ``get_batch_defaults``): ``max_num_batched_tokens`` 2048 with chunked
+prefill, ``max_num_seqs`` 256, ``block_size`` 16. H100/H200-class GPUs get 8192 and 1024, and vLLM
+turns prefix caching on by default (``vllm/config/cache.py``): :meth:`SimConfig.vllm_defaults` gives
+the settings ``vllm serve`` would use on a given GPU (the vLLM version and files are named in
+:mod:`course.kv.vllm`). With chunked prefill off the budget is ``max_model_len``; V0's default
+scheduler used ``max(max_model_len, 2048)`` and a free-block watermark of 1 % of the blocks.
+``num_blocks`` depends on the GPU, the model and ``gpu_memory_utilization`` (module 4 computes it);
+:func:`kv_blocks` gives it from a KV budget.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from course.geometry import ModelGeometry
+from course.hardware import HardwareSpec
 
 SCHEDULERS = ("continuous", "prefill-first", "static")
 UNLIMITED = 2**62  # a token budget that never binds
@@ -32,12 +35,14 @@ class SimConfig:
             (padded batches run to completion, the pre-Orca baseline).
         max_num_seqs: most requests running at once (static: the batch size).
         max_num_batched_tokens: the token budget of one step; None = vLLM's default for the
-            scheduler (2048 with chunked prefill, else ``max_model_len`` or unlimited).
+            scheduler on a smaller GPU (2048 with chunked prefill, else ``max_model_len`` or
+            unlimited); :meth:`vllm_defaults` sets the GPU's own.
         chunked_prefill: cut prompts that do not fit the remaining budget (continuous only).
         long_prefill_token_threshold: most tokens one request may compute per step (0 = no cap).
         block_size: tokens per KV block.
         num_blocks: KV blocks in the cache.
-        enable_prefix_caching: reuse cached full prompt blocks (continuous and prefill-first).
+        enable_prefix_caching: reuse cached full prompt blocks (continuous and prefill-first); off
+            here so a bare config isolates the scheduler, on in :meth:`vllm_defaults` as in vLLM.
         watermark: fraction of blocks that prefill-first keeps free when admitting (V0: 0.01).
         max_model_len: longest prompt + output a request may have; longer ones are rejected.
         decode_after_prefill: prefill-first only: after a prefill step, always run one decode step
@@ -110,6 +115,24 @@ class SimConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def vllm_defaults(cls, gpu: HardwareSpec | str, **settings) -> SimConfig:
+        """The settings ``vllm serve`` uses on ``gpu`` (per-GPU token budget and running-request cap,
+        prefix caching on), overridden by ``settings``."""
+        from course import hardware
+        from course.kv import vllm
+
+        spec = hardware.gpu(gpu) if isinstance(gpu, str) else gpu
+        defaults = vllm.batch_defaults(spec)
+        base = {
+            "max_num_batched_tokens": defaults.max_num_batched_tokens,
+            "max_num_seqs": defaults.max_num_seqs,
+            "enable_prefix_caching": vllm.ENABLE_PREFIX_CACHING,
+        }
+        if settings.get("scheduler", "continuous") != "continuous" or settings.get("chunked_prefill") is False:
+            del base["max_num_batched_tokens"]  # the scheduler's own rule (max_model_len) applies
+        return cls(**{**base, **settings})
 
     @classmethod
     def from_dict(cls, data: dict) -> SimConfig:

@@ -1,0 +1,115 @@
+"""``course kv``: the KV-cache calculator on the command line."""
+
+from __future__ import annotations
+
+import json
+
+from course.hardware import GPUS
+from course.kv import vllm
+from course.kv.budget import GiB, budget
+from course.kv.catalogue import _catalogue, get_model
+from course.kv.dtypes import KV_DTYPES, WEIGHT_BYTES
+from course.kv.report import geometry_summary
+from course.kv.sizes import _positive_int
+
+
+def add_cli_arguments(parser) -> None:
+    """The options of ``course kv`` (an argparse parser), named after vLLM's engine arguments."""
+    parser.add_argument("model", nargs="?", help="a catalogue model name (see --list) or a config.json file/folder")
+    parser.add_argument("--gpu", default="H100-SXM", help=f"one of {', '.join(GPUS)} (default H100-SXM)")
+    parser.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        help="the total memory your vLLM log prints as total_gpu_memory (GiB); default: the GPU's catalogue figure",
+    )
+    parser.add_argument(
+        "--utilization",
+        "--gpu-memory-utilization",
+        type=float,
+        default=vllm.GPU_MEMORY_UTILIZATION,
+        help=f"gpu_memory_utilization (default {vllm.GPU_MEMORY_UTILIZATION}, vLLM's today; older vLLM used 0.9)",
+    )
+    parser.add_argument("--max-model-len", type=int, help="longest request (default: the model's context)")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, help="token budget per step (default: vLLM's for the GPU)"
+    )
+    parser.add_argument(
+        "--kv-dtype",
+        "--kv-cache-dtype",
+        default="auto",
+        help=f"auto (the model's dtype) or one of {', '.join(KV_DTYPES)} (default auto)",
+    )
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    parser.add_argument("--block-size", type=int, default=vllm.BLOCK_SIZE, help="tokens per KV block (default 16)")
+    parser.add_argument("--weight-dtype", help=f"dtype of the served weights: {', '.join(WEIGHT_BYTES)}")
+    parser.add_argument("--weights-gib", type=float, help="total weight memory in GiB (overrides the parameter count)")
+    parser.add_argument("--activation-gib", type=float, default=0.0, help="peak activation memory per GPU, GiB")
+    parser.add_argument("--non-torch-gib", type=float, default=0.0, help="memory outside PyTorch per GPU, GiB")
+    parser.add_argument("--cuda-graph-gib", type=float, default=0.0, help="CUDA-graph memory per GPU, GiB")
+    parser.add_argument(
+        "--kv-cache-memory-bytes", type=float, help="vLLM's override: the KV cache size per GPU in bytes"
+    )
+    parser.add_argument(
+        "--other-process-gib", type=float, default=0.0, help="memory another process holds on the GPU at startup, GiB"
+    )
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128], help="batches for max context")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--list", action="store_true", help="list the catalogue models and GPUs")
+
+
+def _gib(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if value != value or value < 0:  # NaN or negative
+        raise ValueError(f"--{name}: must be a number of GiB >= 0, got {value!r}")
+    return value * GiB
+
+
+def run_cli(args) -> int:
+    """Carry out ``course kv`` with parsed ``args``; raises ValueError on bad input."""
+    if args.list:
+        if args.json:
+            print(json.dumps({"models": list(_catalogue()), "gpus": list(GPUS)}, indent=1))
+            return 0
+        print("models:")
+        for entry in _catalogue().values():
+            print(f"  {geometry_summary(entry.geometry)}")
+        print("GPUs (datasheet memory; total as the driver reports it):")
+        for spec in GPUS.values():
+            print(
+                f"  {spec.name:10s} {spec.memory_bytes / 1e9:5.0f} GB ({spec.total_memory / GiB:6.2f} GiB) "
+                f"{spec.bandwidth / 1e9:6.0f} GB/s"
+            )
+        return 0
+    if not args.model:
+        raise ValueError("model: give a catalogue model name or a config.json path (course kv --list shows them)")
+    g = get_model(args.model)
+    if args.gpu_memory_gib is not None and not args.gpu_memory_gib > 0:
+        raise ValueError(f"--gpu-memory-gib: must be a positive number of GiB, got {args.gpu_memory_gib!r}")
+    b = budget(
+        g,
+        args.gpu,
+        utilization=args.utilization,
+        max_model_len=args.max_model_len,
+        kv_dtype=args.kv_dtype,
+        block_size=args.block_size,
+        tp=args.tp,
+        weight_dtype=args.weight_dtype,
+        weight_bytes=_gib("weights-gib", args.weights_gib),
+        activation_bytes=_gib("activation-gib", args.activation_gib),
+        non_torch_bytes=_gib("non-torch-gib", args.non_torch_gib),
+        cuda_graph_bytes=_gib("cuda-graph-gib", args.cuda_graph_gib),
+        gpu_memory_bytes=_gib("gpu-memory-gib", args.gpu_memory_gib),
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        other_process_bytes=_gib("other-process-gib", args.other_process_gib),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    batches = tuple(_positive_int("batch", batch) for batch in args.batch)
+    if args.json:
+        data = {"model": geometry_summary(g), "source": g.source, **b.to_dict()}
+        data["max_context_at_batch"] = {str(batch): b.max_context(batch) for batch in batches}
+        print(json.dumps(data, indent=1))
+    else:
+        print(geometry_summary(g))
+        print(b.table(batches))
+    return 0

@@ -192,6 +192,9 @@ class Engine:
             request is always admitted). A burst of new requests is prefilled in groups between
             decode steps: the first of them get their first token sooner, and running requests
             stall for a bounded time.
+        background: run the engine loop on its own thread (the default). False: nothing runs
+            until the caller calls :meth:`step`, one iteration at a time (tests drive it by hand,
+            as with vLLM's ``LLMEngine.step()``).
     """
 
     def __init__(
@@ -200,6 +203,7 @@ class Engine:
         max_batch_size: int = 64,
         max_model_len: int | None = None,
         max_prefill_tokens: int = 512,
+        background: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -222,6 +226,7 @@ class Engine:
         self._requests: dict[str, EngineRequest] = {}  # every unfinished request, by id
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
+        self._background = background
         self._stopping = False
 
         # Engine-thread state (touched only by the engine thread).
@@ -352,8 +357,20 @@ class Engine:
 
     # --- the engine thread ----------------------------------------------------------------------
 
+    def step(self) -> bool:
+        """Run one engine iteration now, on this thread (only with ``background=False``).
+
+        Returns True once the engine is stopped. Does not wait: with nothing to do it returns False.
+        """
+        import torch
+
+        if self._background:
+            raise RuntimeError("this engine runs its own loop; step() is for Engine(..., background=False)")
+        with torch.inference_mode():
+            return self._iteration(block=False)
+
     def _ensure_started(self) -> None:
-        if self._thread is None:
+        if self._background and self._thread is None:
             with self._lock:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="course-engine", daemon=True)
@@ -371,17 +388,24 @@ class Engine:
                     self.last_error = f"engine loop failed: {type(err).__name__}: {err}"
                     self._fail_everything(self.last_error)
 
-    def _iteration(self) -> bool:
-        """One engine iteration: aborts, admissions (prefill), one decode step. True when stopped."""
+    def _iteration(self, block: bool = True) -> bool:
+        """One engine iteration: aborts, admissions (prefill), one decode step. True when stopped.
+
+        Aborts are taken (and aborted waiting requests leave the queue) *before* admission, under
+        the same lock: a request aborted before it ran is never prefilled.
+        """
         with self._lock:
-            while not (self._waiting or self._rows or self._abort or self._stopping):
+            while block and not (self._waiting or self._rows or self._abort or self._stopping):
                 self._lock.wait()
             if self._stopping and not self._abort:
                 self._fail_everything("the engine is shut down")
                 return True
             aborts, self._abort = self._abort, {}
-            admitted = self._admit()
-        self._apply_aborts(aborts)
+            aborted_waiting = [r for r in self._waiting if r.request_id in aborts]
+            for request in aborted_waiting:
+                self._waiting.remove(request)
+            admitted = [] if self._stopping else self._admit()
+        self._apply_aborts(aborts, aborted_waiting)
         if admitted:
             start = time.perf_counter()
             self._guarded(self._prefill, admitted)
@@ -400,20 +424,15 @@ class Engine:
             request = self._waiting[0]
             if admitted and len(request.prompt_ids) > budget:
                 break
-            if request.request_id in self._abort:  # aborted before it ever ran
-                break
             self._waiting.popleft()
             admitted.append(request)
             budget -= len(request.prompt_ids)
         return admitted
 
-    def _apply_aborts(self, aborts: dict[str, str]) -> None:
+    def _apply_aborts(self, aborts: dict[str, str], waiting: list[EngineRequest]) -> None:
+        """Finish aborted requests: ``waiting`` ones (already out of the queue) and running rows."""
         if not aborts:
             return
-        with self._lock:
-            waiting = [r for r in self._waiting if r.request_id in aborts]
-            for request in waiting:
-                self._waiting.remove(request)
         for request in waiting:
             request.freed_step = self.steps  # it never held cache rows
             self._finish(request, aborts[request.request_id])

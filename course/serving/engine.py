@@ -41,39 +41,13 @@ from functools import cache
 from typing import Any
 
 from course.models import LanguageModel, forward, new_cache
+from course.serving.sampler import Sampler, SamplingParams
+
+__all__ = ["Engine", "EngineRequest", "EngineStopped", "SamplingParams", "TokenEvent"]
 
 
 class EngineStopped(RuntimeError):
     """The engine was shut down while a request was waiting or running."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to generate for one request.
-
-    Attributes:
-        max_tokens: tokens to generate at most (>= 1).
-        temperature: 0 = greedy (the default here, so runs are reproducible); > 0 samples.
-        top_p: nucleus sampling mass (0 < top_p <= 1), used when temperature > 0.
-        seed: seed of this request's sampler (None = unseeded).
-        ignore_eos: keep generating past end-of-sequence tokens (benchmarks use it for exact lengths).
-        stop_token_ids: extra token ids that end the request (finish reason "stop").
-    """
-
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 @dataclass(frozen=True)
@@ -117,7 +91,7 @@ class EngineRequest:
         self._loop = None
         self._async_queue: asyncio.Queue | None = None
         self._sync_queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._generator = None
+        self.generator = None  # the seeded torch.Generator of its sampler (made on first use)
 
     @property
     def finished(self) -> bool:
@@ -126,13 +100,6 @@ class EngineRequest:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_ids)
-
-    def _sampler(self):
-        import torch
-
-        if self._generator is None and self.params.seed is not None:
-            self._generator = torch.Generator().manual_seed(self.params.seed)
-        return self._generator
 
     # --- consuming events ------------------------------------------------------------------
 
@@ -219,6 +186,7 @@ class Engine:
         self._logits_kw = {"logits_to_keep": 1} if _forward_accepts(type(lm.model), "logits_to_keep") else {}
         # With SDPA attention a ready 4D boolean mask skips transformers' per-step mask building.
         self._mask_4d = getattr(lm.model.config, "_attn_implementation", None) == "sdpa"
+        self.sampler = Sampler()
 
         self._lock = threading.Condition()
         self._waiting: deque[EngineRequest] = deque()
@@ -476,7 +444,7 @@ class Engine:
         keep = []
         for row, (request, token) in enumerate(zip(requests, tokens)):
             request.first_token_time = now
-            if not self._emit(request, token):
+            if token is not None and not self._emit(request, token):
                 keep.append(row)
         if keep:
             self._join(prompt_cache, keep, [lengths[i] for i in keep], [tokens[i] for i in keep], requests)
@@ -502,27 +470,21 @@ class Engine:
         for row, (request, token) in enumerate(zip(rows, tokens)):
             if request.abort_requested_step is not None:
                 request.steps_after_abort += 1
-            if self._emit(request, token):
+            if token is None or self._emit(request, token):
                 leaving.append(row)
-        self._next = torch.tensor(tokens, dtype=torch.long, device=self._next.device).unsqueeze(1)
+        fed = [self.pad_token_id if t is None else t for t in tokens]  # a failed row leaves below
+        self._next = torch.tensor(fed, dtype=torch.long, device=self._next.device).unsqueeze(1)
         self._drop_rows(leaving)  # free the cache before the finished requests hear about it
         self._flush()
 
-    def _sample(self, logits, requests: list[EngineRequest]) -> list[int]:
-        """Greedy for temperature 0, else temperature + top-p sampling, row by row. logits: (rows, vocab)."""
-        import torch
-
-        tokens = logits.argmax(-1).tolist()
-        for row, request in enumerate(requests):
-            params = request.params
-            if params.temperature > 0:
-                probs = torch.softmax(logits[row].float() / params.temperature, dim=-1)
-                if params.top_p < 1:
-                    sorted_probs, order = probs.sort(descending=True)
-                    outside = sorted_probs.cumsum(0) - sorted_probs > params.top_p
-                    sorted_probs[outside] = 0
-                    probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-                tokens[row] = int(torch.multinomial(probs.cpu(), 1, generator=request._sampler()))
+    def _sample(self, logits, requests: list[EngineRequest]) -> list[int | None]:
+        """Next tokens of ``requests`` (logits: (rows, vocab)); a row whose sampling failed is failed
+        here, alone, and gets None."""
+        tokens = self.sampler(logits, requests)
+        for i, (request, token) in enumerate(zip(requests, tokens)):
+            if isinstance(token, Exception):
+                self._finish(request, f"error:sampling failed: {type(token).__name__}: {token}")
+                tokens[i] = None
         return tokens
 
     def _emit(self, request: EngineRequest, token: int) -> bool:

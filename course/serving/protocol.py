@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from course.serving.sampler import INT64_MAX, INT64_MIN
+
 DONE_EVENT = "data: [DONE]\n\n"
 CHAT_ROLES = {"system", "user", "assistant", "developer", "tool"}
 
@@ -169,12 +171,14 @@ def _common(
     include_usage = _field(options, "include_usage", (bool,), default=True) if options else False
     continuous = _field(options, "continuous_usage_stats", (bool,), default=False) if options else False
     temperature = float(_field(body, "temperature", (int, float), default=0.0))
-    if not 0 <= temperature <= 2:
+    if not 0 <= temperature <= 2:  # NaN fails too; 0 < t < 0.01 is raised to 0.01 by SamplingParams
         raise BadRequest(f"'temperature' must be between 0 and 2, got {temperature}", "temperature")
     top_p = float(_field(body, "top_p", (int, float), default=1.0))
     if not 0 < top_p <= 1:
         raise BadRequest(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
     seed = _field(body, "seed", (int,))
+    if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
+        raise BadRequest(f"'seed' must be a signed 64-bit integer (in [{INT64_MIN}, {INT64_MAX}]), got {seed}", "seed")
     stop = _field(body, "stop", (str, list), default=[])
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) for s in stop):

@@ -56,12 +56,14 @@ class TokenEvent:
 
     ``token`` is the new token id (None for an event without a token: an abort or an error).
     ``finish_reason`` is set on the request's last event: "stop" (end-of-sequence or a stop
-    token), "length" (max_tokens reached), "abort" (aborted by the caller) or "error".
+    token), "length" (max_tokens reached), "abort" (aborted by the caller) or "error" (then
+    ``error`` says why and ``status`` is 500, or 503 when the engine is shutting down).
     """
 
     token: int | None
     finish_reason: str | None = None
     error: str | None = None
+    status: int | None = None  # with an error: the HTTP status it means (500 a failure, 503 shutting down)
 
 
 class EngineRequest:
@@ -259,12 +261,12 @@ class Engine:
             self._lock.notify()
 
     def abort_all(self, reason: str = "the server is shutting down") -> None:
-        """Fail every waiting and running request with an error event (used at shutdown)."""
+        """Fail every waiting and running request with an error event of status 503 (used at shutdown)."""
         with self._lock:
             for rid, request in self._requests.items():
                 if not request.finished and rid not in self._abort:
                     request.abort_requested_step = self.steps
-                    self._abort[rid] = "error:" + reason
+                    self._abort[rid] = "unavailable:" + reason
             self._lock.notify()
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
@@ -366,7 +368,7 @@ class Engine:
             while block and not (self._waiting or self._rows or self._abort or self._stopping):
                 self._lock.wait()
             if self._stopping and not self._abort:
-                self._fail_everything("the engine is shut down")
+                self._fail_everything("the engine is shut down", unavailable=True)
                 return True
             aborts, self._abort = self._abort, {}
             aborted_waiting = [r for r in self._waiting if r.request_id in aborts]
@@ -503,13 +505,17 @@ class Engine:
         return reason is not None
 
     def _finish(self, request: EngineRequest, reason: str) -> None:
-        """End a request without a token (abort or error) and deliver that final event."""
-        error = None
-        if reason.startswith("error:"):
-            reason, error = "error", reason.removeprefix("error:")
+        """End a request without a token and deliver that final event.
+
+        ``reason``: "abort", "error:<message>" (status 500) or "unavailable:<message>" (503).
+        """
+        error = status = None
+        kind, _, message = reason.partition(":")
+        if kind in ("error", "unavailable"):
+            reason, error, status = "error", message, 503 if kind == "unavailable" else 500
         request.error = error
         self._close(request, reason)
-        self._pending.append((request, TokenEvent(None, reason, error)))
+        self._pending.append((request, TokenEvent(None, reason, error, status)))
         self._flush()
 
     def _close(self, request: EngineRequest, reason: str) -> None:
@@ -593,13 +599,13 @@ class Engine:
         width = self._cache.layers[0].keys.shape[-2]
         self._padded = bool((self._lengths != width).any())
 
-    def _fail_everything(self, reason: str) -> None:
+    def _fail_everything(self, reason: str, unavailable: bool = False) -> None:
         with self._lock:
             waiting = list(self._waiting)
             self._waiting.clear()
         for request in waiting + list(self._rows):
             if not request.finished:
-                self._finish(request, "error:" + reason)
+                self._finish(request, ("unavailable:" if unavailable else "error:") + reason)
         self._drop_rows(list(range(len(self._rows))))
 
 

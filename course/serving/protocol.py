@@ -32,13 +32,22 @@ CHAT_ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
 class BadRequest(Exception):
-    """A client mistake: becomes HTTP 400 with an OpenAI-style error body."""
+    """A client mistake: becomes HTTP ``status`` (400 unless said) with an OpenAI-style error body."""
 
-    def __init__(self, message: str, param: str | None = None, code: int | str = 400) -> None:
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        code: int | str | None = None,
+        status: int = 400,
+        err_type: str = "BadRequestError",
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
-        self.code = code
+        self.status = status
+        self.code = status if code is None else code
+        self.err_type = err_type
 
 
 def error_body(message: str, err_type: str = "BadRequestError", param: str | None = None, code: int | str = 400):
@@ -69,6 +78,11 @@ class GenerationRequest:
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    top_k: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,10 @@ class ServingContext:
     model_names: tuple[str, ...]
     max_model_len: int
     vocab_size: int
+    # Characters of the longest token: a prompt of more than max_model_len * this many characters
+    # cannot fit, and is refused without spending seconds tokenizing it (None: no such check).
+    max_token_chars: int | None = None
+    default_chat_max_tokens: int | None = None  # chat without max_tokens: at most this many (None: the room left)
 
 
 # --- validation helpers -------------------------------------------------------------------------
@@ -114,23 +132,72 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+MAX_JSON_DEPTH = 64  # arrays/objects nested deeper than this are refused (real requests nest < 10)
+
+
+def _no_constant(name: str):
+    raise BadRequest(f"The request body is not valid JSON: {name} is not a JSON number.")
+
+
 def parse_json_body(raw: bytes) -> dict:
-    """The request body as a JSON object, or BadRequest saying what is wrong with it."""
+    """The request body as a JSON object, or BadRequest saying what is wrong with it.
+
+    Besides syntax errors this refuses, with 400 rather than a 500 from deep inside the server:
+    nesting deeper than :data:`MAX_JSON_DEPTH` (anywhere, even in a field the server ignores),
+    integers longer than Python's 4,300-digit conversion limit, NaN / Infinity, and strings that
+    are not valid Unicode (a lone surrogate such as ``"\\ud800"``), which no tokenizer can encode.
+    """
     if not raw.strip():
         raise BadRequest("The request body is empty; send a JSON object.")
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise BadRequest(f"The request body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels.") from None
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError, and "Exceeds the limit (4300 digits)"
         raise BadRequest(f"The request body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
         raise BadRequest(f"The request body must be a JSON object, got {type(body).__name__}.")
+    _check_json_tree(body)
     return body
+
+
+def _check_json_tree(body: dict) -> None:
+    """Depth and Unicode checks over the whole parsed body, without recursion (it may be deep)."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(
+                    f"'{path}' contains a lone surrogate (an unpaired \\ud800-\\udfff escape); send valid Unicode.",
+                    path.split(".")[0].split("[")[0] or None,
+                ) from None
+        elif isinstance(value, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise BadRequest(
+                    f"The request body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels (at '{path}')."
+                )
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str):
+                    stack.append((key, path, depth))
+                    child = f"{path}.{key}" if path else key
+                else:
+                    child = f"{path}[{key}]"
+                stack.append((item, child, depth + 1))
 
 
 def _check_model(body: dict, ctx: ServingContext) -> str:
     model = _field(body, "model", (str,), default=ctx.model_names[0])
-    if model not in ctx.model_names:
-        raise BadRequest(f"The model `{model}` does not exist. Served models: {', '.join(ctx.model_names)}.", "model")
+    if model not in ctx.model_names:  # 404, as OpenAI and vLLM answer
+        raise BadRequest(
+            f"The model `{model}` does not exist. Served models: {', '.join(ctx.model_names)}.",
+            "model",
+            status=404,
+            err_type="NotFoundError",
+        )
     return model
 
 
@@ -187,6 +254,7 @@ def _common(
     stop_token_ids = _field(body, "stop_token_ids", (list,), default=[])
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids):
         raise BadRequest("'stop_token_ids' must be an array of integers", "stop_token_ids")
+    _refuse_unsupported(body, kind)
     return GenerationRequest(
         kind=kind,
         model=_check_model(body, ctx),
@@ -201,7 +269,109 @@ def _common(
         ignore_eos=_field(body, "ignore_eos", (bool,), default=False),
         stop=stop,
         stop_token_ids=stop_token_ids,
+        **_logit_processing(body, ctx),
     )
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = float(_field(body, name, (int, float), default=default))
+    if not low <= value <= high:  # NaN fails too
+        raise BadRequest(f"'{name}' must be in [{low:g}, {high:g}], got {value}", name)
+    return value
+
+
+def _logit_processing(body: dict, ctx: ServingContext) -> dict:
+    """top_k, the penalties and logit_bias, validated as vLLM validates them (``SamplingParams``)."""
+    top_k = _field(body, "top_k", (int,), default=0)
+    if top_k < -1:
+        raise BadRequest(f"'top_k' must be 0 or -1 (all tokens) or at least 1, got {top_k}", "top_k")
+    repetition = float(_field(body, "repetition_penalty", (int, float), default=1.0))
+    if not 0 < repetition < float("inf"):
+        raise BadRequest(f"'repetition_penalty' must be a finite number > 0, got {repetition}", "repetition_penalty")
+    bias = _field(body, "logit_bias", (dict,), default={})
+    logit_bias = {}
+    for key, value in bias.items():
+        token = int(key) if isinstance(key, str) and key.lstrip("-").isdigit() and len(key) < 20 else None
+        if token is None or not 0 <= token < ctx.vocab_size:
+            raise BadRequest(
+                f"'logit_bias' keys must be token ids in [0, {ctx.vocab_size}), got {_describe(key)}", "logit_bias"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise BadRequest(f"'logit_bias' values must be numbers, got {_describe(value)}", "logit_bias")
+        logit_bias[token] = float(value)  # clamped to [-100, 100] by SamplingParams
+    return {
+        "top_k": max(top_k, 0),
+        "presence_penalty": _number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        "repetition_penalty": repetition,
+        "logit_bias": logit_bias,
+    }
+
+
+def _refuse_unsupported(body: dict, kind: str) -> None:
+    """OpenAI fields this server does not implement: accepted at their "off" value, else a 400 naming them.
+
+    (vLLM implements logprobs, echo, response_format and tools, and refuses ``suffix``; a client
+    that asks for any of them here learns it at once instead of getting a 200 without it.)
+    """
+    if kind == "completion":
+        logprobs = _field(body, "logprobs", (int,))
+        if logprobs is not None and logprobs < 0:
+            raise BadRequest(f"'logprobs' must be a non-negative integer, got {logprobs}", "logprobs")
+        asked = logprobs is not None
+    else:
+        asked = _field(body, "logprobs", (bool,), default=False)
+        top = _field(body, "top_logprobs", (int,))
+        if top is not None and not 0 <= top <= 20:
+            raise BadRequest(f"'top_logprobs' must be an integer in [0, 20], got {top}", "top_logprobs")
+        if top:
+            raise BadRequest("'top_logprobs' is not supported by this server; leave it out.", "top_logprobs")
+    if asked:
+        raise BadRequest("'logprobs' is not supported by this server; leave it out or send null.", "logprobs")
+    if kind == "completion":
+        if _field(body, "echo", (bool,), default=False):
+            raise BadRequest("'echo' is not supported by this server; send false or leave it out.", "echo")
+        if _field(body, "suffix", (str,)):
+            raise BadRequest("'suffix' is not supported (vLLM refuses it too); leave it out.", "suffix")
+    best_of = _field(body, "best_of", (int,), default=1)
+    if best_of != 1:
+        raise BadRequest(
+            f"'best_of' must be 1 (this server generates one sequence per request), got {best_of}", "best_of"
+        )
+    response_format = _field(body, "response_format", (dict,), default={"type": "text"})
+    if response_format.get("type") != "text":
+        raise BadRequest(
+            f"'response_format' {_describe(response_format.get('type'))} is not supported: structured output is not "
+            'implemented here; send {"type": "text"} or leave it out.',
+            "response_format",
+        )
+    tools = _field(body, "tools", (list,), default=[])
+    tool_choice = _field(body, "tool_choice", (str, dict), default="none" if not tools else "auto")
+    if tool_choice != "none":
+        name = "tools" if tools else "tool_choice"
+        raise BadRequest(
+            f"'{name}': tool calling is not supported by this server; leave out tools and tool_choice.", name
+        )
+
+
+def longest_token_chars(tokenizer) -> int:
+    """Characters of the tokenizer's longest vocabulary entry (its raw form, never shorter than its text)."""
+    return max(map(len, tokenizer.get_vocab()), default=1)
+
+
+def _check_prompt_chars(chars: int, ctx: ServingContext, param: str) -> None:
+    """Refuse, before tokenizing it, a prompt that has too many characters to fit in the context.
+
+    A token covers at most ``max_token_chars`` characters of text, so ``chars`` characters are at
+    least ``chars / max_token_chars`` tokens; the factor 2 leaves room for normalizers that merge
+    characters. Tokenizing a 2 MB prompt takes seconds; this check takes none.
+    """
+    if ctx.max_token_chars and chars > 2 * ctx.max_token_chars * ctx.max_model_len:
+        raise BadRequest(
+            f"This model's maximum context length is {ctx.max_model_len} tokens. However, your prompt has "
+            f"{chars} characters, more than that many tokens can hold. Please reduce the length of the input.",
+            param,
+        )
 
 
 def _token_ids(value: list, ctx: ServingContext, param: str) -> list[int]:
@@ -220,6 +390,7 @@ def parse_completion(body: dict, ctx: ServingContext) -> GenerationRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one prompt
     if isinstance(prompt, str):
+        _check_prompt_chars(len(prompt), ctx, "prompt")
         ids = ctx.tokenizer(prompt, add_special_tokens=True, verbose=False).input_ids
     elif isinstance(prompt, list):
         if prompt and all(isinstance(p, (str, list)) for p in prompt):
@@ -268,7 +439,8 @@ def parse_chat(body: dict, ctx: ServingContext) -> GenerationRequest:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array of {'role', 'content'} objects.", "messages")
     parsed = [_message_text(message, i) for i, message in enumerate(messages)]
-    return _common(body, ctx, "chat", render_chat(ctx.tokenizer, parsed), default_max=None)
+    _check_prompt_chars(sum(len(content) for _, content in parsed), ctx, "messages")
+    return _common(body, ctx, "chat", render_chat(ctx.tokenizer, parsed), default_max=ctx.default_chat_max_tokens)
 
 
 # --- responses ------------------------------------------------------------------------------------

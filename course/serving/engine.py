@@ -214,6 +214,7 @@ class Engine:
         self.decode_seconds = 0.0  # time spent in decode steps (forward + sampling + hand-off)
         self.prefill_seconds = 0.0
         self.last_error: str | None = None
+        self.iterations: deque[tuple[float, float]] = deque(maxlen=4096)  # (start, seconds) of recent iterations
         self._pending: list[tuple[EngineRequest, TokenEvent]] = []  # events to deliver after this step
 
     # --- public API (any thread) --------------------------------------------------------------
@@ -375,6 +376,7 @@ class Engine:
             for request in aborted_waiting:
                 self._waiting.remove(request)
             admitted = [] if self._stopping else self._admit()
+        started = time.perf_counter()
         self._apply_aborts(aborts, aborted_waiting)
         if admitted:
             start = time.perf_counter()
@@ -384,6 +386,7 @@ class Engine:
             start = time.perf_counter()
             self._guarded(self._decode, list(self._rows))
             self.decode_seconds += time.perf_counter() - start
+        self.iterations.append((started, time.perf_counter() - started))
         return False
 
     def _admit(self) -> list[EngineRequest]:

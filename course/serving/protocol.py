@@ -28,6 +28,8 @@ from typing import Any
 from course.serving.sampler import INT64_MAX, INT64_MIN
 
 DONE_EVENT = "data: [DONE]\n\n"
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # larger bodies get 413 (a 128k-token prompt is about 0.5 MB of text)
+DEFAULT_CHAT_MAX_TOKENS = 1024  # what a chat request without max_tokens may generate, unless the operator says
 CHAT_ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 

@@ -47,6 +47,8 @@ from course.models import LanguageModel
 from course.serving.detok import IncrementalDetokenizer
 from course.serving.engine import Engine, EngineRequest, EngineStopped, SamplingParams
 from course.serving.protocol import (
+    DEFAULT_CHAT_MAX_TOKENS,
+    DEFAULT_MAX_REQUEST_BYTES,
     DONE_EVENT,
     BadRequest,
     ChunkWriter,
@@ -62,8 +64,6 @@ from course.serving.protocol import (
 )
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # 4 MiB: a 128k-token prompt is about 0.5 MB of text
-DEFAULT_CHAT_MAX_TOKENS = 1024  # chat requests without max_tokens generate at most this many
 access_logger = logging.getLogger("course.serving.access")
 
 

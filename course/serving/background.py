@@ -15,6 +15,7 @@ thread already has a running event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
@@ -30,6 +31,20 @@ class _QuietShutdown(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "timeout graceful shutdown exceeded" not in record.getMessage()
+
+
+def without_autograd():
+    """``torch.no_grad()`` (a context manager), or a no-op where torch is not installed.
+
+    Autograd's on/off switch is per thread and every new thread starts with it on: a model
+    stepped on a helper thread would record a graph (memory and time) unless the thread turns it
+    off itself. The threads this module starts do.
+    """
+    try:
+        import torch
+    except ImportError:  # the helpers also serve apps that never touch torch
+        return contextlib.nullcontext()
+    return torch.no_grad()
 
 
 def run_stop_callbacks(app) -> None:
@@ -95,7 +110,8 @@ class BackgroundServer:
 
     def _serve(self) -> None:
         try:
-            self.server.run(sockets=[self.sock])
+            with without_autograd():  # a learner's app may step its model on this thread
+                self.server.run(sockets=[self.sock])
         except BaseException as err:  # reported by start()
             self._error = err
 
@@ -154,7 +170,8 @@ def run_sync(coroutine: Awaitable[T], timeout: float | None = None) -> T:
 
     def target() -> None:
         try:
-            result["value"] = asyncio.run(main())
+            with without_autograd():
+                result["value"] = asyncio.run(main())
         except BaseException as err:  # re-raised in the caller's thread
             result["error"] = err
 

@@ -185,8 +185,21 @@ REFUSED = {
     "top_k": ("completions", {"top_k": -5}),
     "logit_bias": ("completions", {"logit_bias": {"not-a-token": 1}}),
     "seed": ("completions", {"seed": 2**64}),
+    "min_p": ("completions", {"min_p": 0.1}),
+    "min_tokens": ("chat", {"min_tokens": 4}),
+    "guided_json": ("chat", {"guided_json": {"type": "object"}}),
 }
-ACCEPTED_OFF = {"logprobs": None, "echo": False, "best_of": 1, "suffix": None, "response_format": {"type": "text"}}
+ACCEPTED_OFF = {
+    "logprobs": None,
+    "echo": False,
+    "best_of": 1,
+    "suffix": None,
+    "response_format": {"type": "text"},
+    "min_p": 0,
+    "min_tokens": 0,
+    "skip_special_tokens": True,
+    "user": "someone",
+}
 
 
 @pytest.fixture(scope="module")

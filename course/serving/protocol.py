@@ -12,8 +12,13 @@ Follows vLLM 0.11 (``vllm/entrypoints/openai/``) and the OpenAI API reference:
 * bad requests get HTTP 400 and ``{"error": {"message", "type", "param", "code"}}``; an error
   after the stream started is sent as a ``data: {"error": ...}`` event, then ``[DONE]``.
 
-Fields that real clients send and this server does not use (``user``, ``seed`` without
-sampling, ``logprobs: null``, ``n: 1``, ``presence_penalty``, ...) are accepted and ignored.
+Sampling fields are honoured as vLLM honours them (``temperature``, ``top_p``, ``top_k``, ``seed``,
+``stop``, ``stop_token_ids``, ``ignore_eos``, ``logit_bias``, the presence / frequency / repetition
+penalties). OpenAI fields this server does not implement (``logprobs``, ``top_logprobs``, ``echo``,
+``suffix``, ``best_of`` > 1, ``response_format`` other than text, ``tools``) and vLLM's extras that it
+does not implement (``min_p``, ``min_tokens``, ``guided_json``, ...) are accepted at their "off"
+value and otherwise refused with a 400 naming them. Fields with no effect on the output (``user``,
+``n: 1``, ``stream_options`` without ``stream``) and unknown fields are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -310,6 +315,24 @@ def _logit_processing(body: dict, ctx: ServingContext) -> dict:
     }
 
 
+# vLLM's extra sampling fields that this server does not implement, with their "off" value
+# (vllm/entrypoints/openai/protocol.py): sent with any other value, they get a 400, not silence.
+VLLM_EXTRAS_NOT_IMPLEMENTED = {
+    "min_p": 0,
+    "min_tokens": 0,
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
+    "prompt_logprobs": None,
+    "allowed_token_ids": None,
+    "bad_words": [],
+    "guided_json": None,
+    "guided_regex": None,
+    "guided_choice": None,
+    "guided_grammar": None,
+    "structured_outputs": None,
+}
+
+
 def _refuse_unsupported(body: dict, kind: str) -> None:
     """OpenAI fields this server does not implement: accepted at their "off" value, else a 400 naming them.
 
@@ -347,6 +370,9 @@ def _refuse_unsupported(body: dict, kind: str) -> None:
             'implemented here; send {"type": "text"} or leave it out.',
             "response_format",
         )
+    for name, off in VLLM_EXTRAS_NOT_IMPLEMENTED.items():
+        if body.get(name) is not None and body[name] != off:
+            raise BadRequest(f"'{name}' (a vLLM extension) is not supported by this server; leave it out.", name)
     tools = _field(body, "tools", (list,), default=[])
     tool_choice = _field(body, "tool_choice", (str, dict), default="none" if not tools else "auto")
     if tool_choice != "none":

@@ -167,7 +167,10 @@ BAD_REQUESTS = {
     "unknown role": ({"messages": [{"role": "robot", "content": "hi"}]}, "chat"),
     "image content part": ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "chat"),
     # Malformed in ways that used to reach the server as 500 text/plain (issue 13, defect 4):
-    "JSON nested 1,000 deep in an unknown field": (b'{"prompt": "x", "extra": ' + b"[" * 1000 + b"]" * 1000 + b"}", "completions"),
+    "JSON nested 1,000 deep in an unknown field": (
+        b'{"prompt": "x", "extra": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+        "completions",
+    ),
     "JSON nested 100,000 deep": (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "completions"),
     "integer of 5,000 digits": (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", "completions"),
     "integer of 5,000 digits in an unknown field": (b'{"prompt": "x", "extra": ' + b"1" * 5000 + b"}", "completions"),

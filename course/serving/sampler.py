@@ -72,15 +72,14 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
         bias = tuple((int(t), max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, float(b)))) for t, b in self.logit_bias)
         object.__setattr__(self, "logit_bias", bias)
+        # Greedy with nothing that changes the logits: the batch's argmax is this row's token. Worked
+        # out once here, not per row per step (the sampler asks it for every row of every step).
+        object.__setattr__(self, "plain_greedy", self.greedy and not self.adjusts_logits)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    @property
-    def plain_greedy(self) -> bool:
-        """Greedy with nothing that changes the logits: the batch's argmax is this row's token."""
-        return self.greedy and not self.adjusts_logits
 
     @property
     def adjusts_logits(self) -> bool:

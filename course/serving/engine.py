@@ -324,7 +324,7 @@ class Engine:
         self.tokens_generated += 1
         params = request.params
         reason = None
-        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
+        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_set:
             reason = "stop"
         elif len(request.output_ids) >= params.max_tokens:
             reason = "length"

@@ -1,6 +1,6 @@
 """What an operator expects of the reference server: Prometheus metrics under vLLM's names, request ids,
 an access log, an API key, a waiting-queue limit, model lookups and 404s, a bounded chat default; and
-every OpenAI parameter either honoured or refused with a 400 that names it."""
+every OpenAI parameter either honoured or refused with a 400 that names it (logprobs tested for their values)."""
 
 from __future__ import annotations
 
@@ -171,14 +171,14 @@ def test_models_lookup_unknown_model_404_and_chat_default(lm):
 
 
 REFUSED = {
-    "logprobs": ("completions", {"logprobs": 1}),
+    "logprobs": ("completions", {"logprobs": 21}),
     "echo": ("completions", {"echo": True}),
     "suffix": ("completions", {"suffix": " end"}),
     "best_of": ("completions", {"best_of": 2}),
     "response_format": ("chat", {"response_format": {"type": "json_object"}}),
     "tools": ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
     "tool_choice": ("chat", {"tool_choice": "required"}),
-    "top_logprobs": ("chat", {"logprobs": True, "top_logprobs": 2}),
+    "top_logprobs": ("chat", {"top_logprobs": 2}),  # without logprobs: true
     "presence_penalty": ("completions", {"presence_penalty": 3}),
     "frequency_penalty": ("completions", {"frequency_penalty": -2.5}),
     "repetition_penalty": ("completions", {"repetition_penalty": 0}),
@@ -250,3 +250,47 @@ def test_parameters_are_honoured(shared, lm):
     finally:
         shared.engine.submit = submit
     assert (seen[0].frequency_penalty, seen[0].presence_penalty, seen[0].repetition_penalty) == (1.5, -0.5, 1.3)
+
+
+def test_logprobs_are_the_models_own(shared, lm):
+    """Completions ``logprobs: N`` and chat ``logprobs`` + ``top_logprobs``: values of the raw distribution."""
+    import openai
+
+    from course.models import forward, new_cache
+
+    client = openai.OpenAI(base_url=shared.base_url, api_key="unused", timeout=30, max_retries=0)
+    prompt = [9, 10, 11]
+    full = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6, logprobs=3, extra_body={"ignore_eos": True}
+    )
+    logprobs = full.choices[0].logprobs
+    generated = greedy_reference(lm, prompt, 6)
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 6
+    assert "".join(logprobs.tokens) == full.choices[0].text and logprobs.text_offset[0] == 0
+    with torch.inference_mode():  # the exact values, from the model itself
+        ids = torch.tensor([prompt + generated])
+        logits, _ = forward(lm.model, ids, new_cache(lm.model))
+        expected = torch.log_softmax(logits[0, len(prompt) - 1 : -1].float(), -1)
+    for i, token in enumerate(generated):
+        assert logprobs.token_logprobs[i] == pytest.approx(float(expected[i, token]), abs=1e-4)
+        top = logprobs.top_logprobs[i]
+        assert len(top) == 3 and max(top.values()) == pytest.approx(logprobs.token_logprobs[i])  # greedy: the top one
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=6, logprobs=0, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
+    assert [c.choices[0].logprobs.token_logprobs[0] for c in chunks] == pytest.approx(logprobs.token_logprobs, abs=1e-6)
+    messages = [{"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=5, logprobs=True, top_logprobs=2, temperature=1.0, seed=4
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.logprob <= c.top_logprobs[0].logprob + 1e-6 and c.bytes == list(c.token.encode()) for c in content)
+    streamed = list(
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, logprobs=True, stream=True)
+    )
+    assert sum(len(c.choices[0].logprobs.content) for c in streamed[1:] if c.choices) == 5
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+    assert plain.choices[0].logprobs is None

@@ -280,12 +280,12 @@ class Engine:
             kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
         logits, prompt_cache = forward(self.lm.model, ids.to(device), new_cache(self.lm.model), **kwargs)
         self.prefills += 1
-        tokens = self._sample(logits[:, -1, :], requests)
+        tokens, logprobs = self._sample(logits[:, -1, :], requests)
         now = time.perf_counter()
         keep = []
         for row, (request, token) in enumerate(zip(requests, tokens)):
             request.first_token_time = now
-            if token is not None and not self._emit(request, token):
+            if token is not None and not self._emit(request, token, logprobs[row]):
                 keep.append(row)
         if keep:
             self.batch.join(prompt_cache, keep, [lengths[i] for i in keep], [tokens[i] for i in keep], requests)
@@ -297,28 +297,30 @@ class Engine:
         logits, grown = forward(self.lm.model, next_ids, self.batch.cache, **kwargs)
         self.steps += 1
         self.batch_size_sum += len(rows)
-        tokens = self._sample(logits[:, -1, :], rows)
+        tokens, logprobs = self._sample(logits[:, -1, :], rows)
         leaving = []
         for row, (request, token) in enumerate(zip(rows, tokens)):
             if request.abort_requested_step is not None:
                 request.steps_after_abort += 1
-            if token is None or self._emit(request, token):
+            if token is None or self._emit(request, token, logprobs[row]):
                 leaving.append(row)
         self.batch.advance(grown, [self.pad_token_id if t is None else t for t in tokens])  # failed rows leave
         self._drop(leaving)  # free the cache before the finished requests hear about it
         self._flush()
 
-    def _sample(self, logits, requests: list[EngineRequest]) -> list[int | None]:
-        """Next tokens of ``requests`` (logits: (rows, vocab)); a row whose sampling failed is failed
-        here, alone, and gets None."""
+    def _sample(self, logits, requests: list[EngineRequest]) -> tuple[list[int | None], list]:
+        """(next tokens, logprobs or None per row) of ``requests`` (logits: (rows, vocab)); a row
+        whose sampling failed is failed here, alone, and gets None."""
         tokens = self.sampler(logits, requests)
         for i, (request, token) in enumerate(zip(requests, tokens)):
             if isinstance(token, Exception):
                 self._finish(request, f"error:sampling failed: {type(token).__name__}: {token}")
                 tokens[i] = None
-        return tokens
+        if any(r.params.logprobs is not None for r in requests):
+            return tokens, self.sampler.logprobs(logits, requests, tokens)
+        return tokens, [None] * len(requests)
 
-    def _emit(self, request: EngineRequest, token: int) -> bool:
+    def _emit(self, request: EngineRequest, token: int, logprobs: tuple | None = None) -> bool:
         """Record a token and queue its event; True when the request is finished."""
         request.output_ids.append(token)
         self.tokens_generated += 1
@@ -330,7 +332,8 @@ class Engine:
             reason = "length"
         if reason is not None:
             self._close(request, reason)
-        self._pending.append((request, TokenEvent(token, reason)))
+        event = TokenEvent(token, reason) if logprobs is None else TokenEvent(token, reason, None, None, *logprobs)
+        self._pending.append((request, event))
         return reason is not None
 
     def _finish(self, request: EngineRequest, reason: str) -> None:

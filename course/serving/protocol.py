@@ -14,11 +14,12 @@ Follows vLLM 0.11 (``vllm/entrypoints/openai/``) and the OpenAI API reference:
 
 Sampling fields are honoured as vLLM honours them (``temperature``, ``top_p``, ``top_k``, ``seed``,
 ``stop``, ``stop_token_ids``, ``ignore_eos``, ``logit_bias``, the presence / frequency / repetition
-penalties). OpenAI fields this server does not implement (``logprobs``, ``top_logprobs``, ``echo``,
-``suffix``, ``best_of`` > 1, ``response_format`` other than text, ``tools``) and vLLM's extras that it
-does not implement (``min_p``, ``min_tokens``, ``guided_json``, ...) are accepted at their "off"
-value and otherwise refused with a 400 naming them. Fields with no effect on the output (``user``,
-``n: 1``, ``stream_options`` without ``stream``) and unknown fields are accepted and ignored.
+penalties), and ``logprobs`` / ``top_logprobs`` (the model's raw log-probabilities, as vLLM's
+default). OpenAI fields this server does not implement (``echo``, ``suffix``, ``best_of`` > 1,
+``response_format`` other than text, ``tools``) and vLLM's extras that it does not implement
+(``min_p``, ``min_tokens``, ``guided_json``, ...) are accepted at their "off" value and otherwise
+refused with a 400 naming them. Fields with no effect on the output (``user``, ``n: 1``,
+``stream_options`` without ``stream``) and unknown fields are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from course.serving.sampler import INT64_MAX, INT64_MIN
+from course.serving.sampler import INT64_MAX, INT64_MIN, MAX_LOGPROBS
 
 DONE_EVENT = "data: [DONE]\n\n"
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # larger bodies get 413 (a 128k-token prompt is about 0.5 MB of text)
@@ -90,6 +91,7 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # alternatives per token to report (0: only the chosen token's); None: none
 
 
 @dataclass(frozen=True)
@@ -276,8 +278,27 @@ def _common(
         ignore_eos=_field(body, "ignore_eos", (bool,), default=False),
         stop=stop,
         stop_token_ids=stop_token_ids,
+        logprobs=_logprobs(body, kind),
         **_logit_processing(body, ctx),
     )
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many alternatives per token to report, vLLM's way: completions send ``logprobs: N``;
+    chat sends ``logprobs: true`` and ``top_logprobs: N`` (0-20, vLLM's default ``max_logprobs``)."""
+    if kind == "completion":
+        count = _field(body, "logprobs", (int,))
+        name = "logprobs"
+    else:
+        wanted = _field(body, "logprobs", (bool,), default=False)
+        count = _field(body, "top_logprobs", (int,))
+        name = "top_logprobs"
+        if count and not wanted:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        count = (count or 0) if wanted else None
+    if count is not None and not 0 <= count <= MAX_LOGPROBS:
+        raise BadRequest(f"'{name}' must be an integer in [0, {MAX_LOGPROBS}], got {count}", name)
+    return count
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
@@ -336,23 +357,9 @@ VLLM_EXTRAS_NOT_IMPLEMENTED = {
 def _refuse_unsupported(body: dict, kind: str) -> None:
     """OpenAI fields this server does not implement: accepted at their "off" value, else a 400 naming them.
 
-    (vLLM implements logprobs, echo, response_format and tools, and refuses ``suffix``; a client
+    (vLLM implements echo, response_format and tools, and refuses ``suffix``; a client
     that asks for any of them here learns it at once instead of getting a 200 without it.)
     """
-    if kind == "completion":
-        logprobs = _field(body, "logprobs", (int,))
-        if logprobs is not None and logprobs < 0:
-            raise BadRequest(f"'logprobs' must be a non-negative integer, got {logprobs}", "logprobs")
-        asked = logprobs is not None
-    else:
-        asked = _field(body, "logprobs", (bool,), default=False)
-        top = _field(body, "top_logprobs", (int,))
-        if top is not None and not 0 <= top <= 20:
-            raise BadRequest(f"'top_logprobs' must be an integer in [0, 20], got {top}", "top_logprobs")
-        if top:
-            raise BadRequest("'top_logprobs' is not supported by this server; leave it out.", "top_logprobs")
-    if asked:
-        raise BadRequest("'logprobs' is not supported by this server; leave it out or send null.", "logprobs")
     if kind == "completion":
         if _field(body, "echo", (bool,), default=False):
             raise BadRequest("'echo' is not supported by this server; send false or leave it out.", "echo")
@@ -513,14 +520,17 @@ class ChunkWriter:
             f"{self._usage(0)}}}\n\n"
         )
 
-    def token_chunk(self, text: str, finish_reason: str | None, completion_tokens: int) -> str:
-        """The chunk of one generated token (``text`` may be "")."""
+    def token_chunk(
+        self, text: str, finish_reason: str | None, completion_tokens: int, logprobs: dict | None = None
+    ) -> str:
+        """The chunk of one generated token (``text`` may be ""); ``logprobs``: its :class:`Logprobs` part."""
         finish = "null" if finish_reason is None else f'"{finish_reason}"'
         text_json = json.dumps(text, ensure_ascii=False)
+        lp = "null" if logprobs is None else json.dumps(logprobs, separators=(",", ":"), ensure_ascii=False)
         if self.kind == "completion":
-            body = f'"text":{text_json},"logprobs":null,"finish_reason":{finish},"stop_reason":null}}]'
+            body = f'"text":{text_json},"logprobs":{lp},"finish_reason":{finish},"stop_reason":null}}]'
         else:
-            body = f'"delta":{{"content":{text_json}}},"logprobs":null,"finish_reason":{finish}}}]'
+            body = f'"delta":{{"content":{text_json}}},"logprobs":{lp},"finish_reason":{finish}}}]'
         return f"data: {self._head}{body}{self._usage(completion_tokens)}}}\n\n"
 
     def usage_chunk(self, completion_tokens: int) -> str:
@@ -529,14 +539,22 @@ class ChunkWriter:
         total = json.dumps(usage(self.prompt_tokens, completion_tokens), separators=(",", ":"))
         return f'data: {head}"choices":[],"usage":{total}}}\n\n'
 
-    def full_response(self, text: str, finish_reason: str | None, completion_tokens: int) -> dict:
+    def full_response(
+        self, text: str, finish_reason: str | None, completion_tokens: int, logprobs: dict | None = None
+    ) -> dict:
         """The non-streaming response body."""
         if self.kind == "completion":
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+            }
             obj = "text_completion"
         else:
             message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
             obj = "chat.completion"
         return {
             "id": self.id,
@@ -546,6 +564,57 @@ class ChunkWriter:
             "choices": [choice],
             "usage": usage(self.prompt_tokens, completion_tokens),
         }
+
+
+class Logprobs:
+    """The ``logprobs`` part of a choice, in OpenAI's two shapes (vLLM's ``_create_*_logprobs``).
+
+    Completions: ``{"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}``,
+    the top dict holding the chosen token and its alternatives; chat: ``{"content": [{"token",
+    "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}``. A token is its own
+    decoded text; -inf is sent as -9999.0, as vLLM does (JSON has no infinity).
+    """
+
+    def __init__(self, kind: str, tokenizer) -> None:
+        self.kind, self.tokenizer = kind, tokenizer
+        self.entries: list = []
+
+    def _text(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def add(self, token: int, logprob: float, top: Sequence[tuple[int, float]], text_offset: int) -> dict:
+        """Record one token; returns the logprobs part of that token's own chunk."""
+        text = self._text(token)
+        if self.kind == "completion":
+            alternatives = {self._text(t): max(lp, -9999.0) for t, lp in top}
+            alternatives[text] = max(logprob, -9999.0)
+            entry = (text, max(logprob, -9999.0), alternatives, text_offset)
+            self.entries.append(entry)
+            return self._completion([entry])
+        entry = {
+            "token": text,
+            "logprob": max(logprob, -9999.0),
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [
+                {"token": t, "logprob": max(lp, -9999.0), "bytes": list(t.encode("utf-8"))}
+                for t, lp in ((self._text(i), lp) for i, lp in top)
+            ],
+        }
+        self.entries.append(entry)
+        return {"content": [entry]}
+
+    @staticmethod
+    def _completion(entries) -> dict:
+        return {
+            "tokens": [e[0] for e in entries],
+            "token_logprobs": [e[1] for e in entries],
+            "top_logprobs": [e[2] for e in entries],
+            "text_offset": [e[3] for e in entries],
+        }
+
+    def whole(self) -> dict:
+        """Every token's, for the non-streaming response."""
+        return self._completion(self.entries) if self.kind == "completion" else {"content": list(self.entries)}
 
 
 def find_stop(text: str, stops: Sequence[str], start: int) -> int | None:

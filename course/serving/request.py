@@ -39,6 +39,8 @@ class TokenEvent:
     finish_reason: str | None = None
     error: str | None = None
     status: int | None = None  # with an error: the HTTP status it means (500 a failure, 503 shutting down)
+    logprob: float | None = None  # with SamplingParams.logprobs: the token's log-probability
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # and the most likely (token id, logprob) pairs
 
 
 class EventSink:

@@ -17,7 +17,8 @@ from typing import Any
 
 MIN_TEMPERATURE = 1e-2  # vLLM's _MAX_TEMP: smaller temperatures are raised to it
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds vLLM accepts (torch.iinfo(torch.long))
-MAX_LOGIT_BIAS = 100.0  # vLLM and OpenAI clamp logit_bias values to [-100, 100]
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs  # vLLM and OpenAI clamp logit_bias values to [-100, 100]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,10 @@ class SamplingParams:
         repetition_penalty: divides positive (multiplies negative) logits of tokens in the prompt
             or output (> 0; 1 = off), as in vLLM and transformers.
         logit_bias: ``(token id, bias)`` pairs added to the logits (bias clamped to [-100, 100]).
+        logprobs: also report the sampled token's log-probability and the ``logprobs`` most likely
+            alternatives (0-20, as vLLM's default ``max_logprobs``; None = none). As vLLM's default
+            (``logprobs_mode="raw_logprobs"``), they are the model's own distribution, before bias,
+            penalties and temperature.
     """
 
     max_tokens: int
@@ -51,6 +56,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -68,6 +74,8 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
         bias = tuple((int(t), max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, float(b)))) for t, b in self.logit_bias)
@@ -93,7 +101,6 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-
     @property
     def adjusts_logits(self) -> bool:
         return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
@@ -118,6 +125,25 @@ class Sampler:
                 except Exception as err:  # a bad request fails alone (see the module docstring)
                     tokens[row] = err
         return tokens
+
+    @staticmethod
+    def logprobs(logits, requests: Sequence[Any], tokens: Sequence[int | Exception | None]) -> list:
+        """For rows that asked: ``(logprob of the token, ((token id, logprob), ...) top alternatives)``.
+
+        logits: (rows, vocab), raw. Other rows (and failed ones) get None.
+        """
+        import torch
+
+        out: list = [None] * len(requests)
+        for row, (request, token) in enumerate(zip(requests, tokens)):
+            k = request.params.logprobs
+            if k is None or not isinstance(token, int):
+                continue
+            logprobs = torch.log_softmax(logits[row].float(), dim=-1)
+            top = torch.topk(logprobs, k) if k else None
+            alternatives = tuple(zip(top.indices.tolist(), top.values.tolist())) if k else ()
+            out[row] = (float(logprobs[token]), alternatives)
+        return out
 
     def sample_row(self, logits, request) -> int:
         """One row: logits (vocab,) -> token id."""

@@ -53,6 +53,7 @@ from course.serving.protocol import (
     BadRequest,
     ChunkWriter,
     GenerationRequest,
+    Logprobs,
     ServingContext,
     error_body,
     find_stop,
@@ -146,6 +147,7 @@ class _Generation:
             frequency_penalty=request.frequency_penalty,
             repetition_penalty=request.repetition_penalty,
             logit_bias=tuple(request.logit_bias.items()),
+            logprobs=request.logprobs,
         )
         try:
             self.engine_request: EngineRequest = engine.submit(request.prompt_ids, params, request_id=self.writer.id)
@@ -159,10 +161,17 @@ class _Generation:
         self.metrics = metrics
         self.state = state  # the ASGI scope's state: usage for the access log
         self.token_times: list[float] = []
+        self.logprobs = None if request.logprobs is None else Logprobs(request.kind, tokenizer)
 
     def abort(self) -> None:
         if self.finish_reason is None or self.engine_request.finish_reason is None:
             self.engine.abort(self.engine_request.request_id)
+
+    def _logprobs_of(self, event) -> dict | None:
+        """The logprobs part of this token's chunk (None unless the request asked for them)."""
+        if self.logprobs is None or event.logprob is None:
+            return None
+        return self.logprobs.add(event.token, event.logprob, event.top_logprobs, len(self.detok.text))
 
     def _text_of(self, token: int, finished: bool) -> str:
         self.token_times.append(time.perf_counter())
@@ -208,9 +217,10 @@ class _Generation:
                 self.completion_tokens += 1
                 if self.request.kind == "chat" and self.completion_tokens == 1:
                     yield self.writer.role_chunk()
+                logprobs = self._logprobs_of(event)
                 delta = self._text_of(event.token, event.finish_reason is not None)
                 self.finish_reason = self.finish_reason or event.finish_reason
-                yield self.writer.token_chunk(delta, self.finish_reason, self.completion_tokens)
+                yield self.writer.token_chunk(delta, self.finish_reason, self.completion_tokens, logprobs)
                 if self.finish_reason is not None:
                     break
             if self.request.include_usage:
@@ -230,13 +240,15 @@ class _Generation:
                         raise GenerationFailed(event.error, event.status or 500)
                     break
                 self.completion_tokens += 1
+                self._logprobs_of(event)
                 text.append(self._text_of(event.token, event.finish_reason is not None))
                 self.finish_reason = self.finish_reason or event.finish_reason
                 if self.finish_reason is not None:
                     break
         finally:
             self._done()
-        return self.writer.full_response("".join(text), self.finish_reason, self.completion_tokens)
+        logprobs = None if self.logprobs is None else self.logprobs.whole()
+        return self.writer.full_response("".join(text), self.finish_reason, self.completion_tokens, logprobs)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

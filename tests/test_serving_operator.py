@@ -18,7 +18,7 @@ from course.serving.background import BackgroundServer
 from course.serving.client import run_load
 from course.serving.engine import Engine
 from course.serving.server import create_app
-from course.serving.testing import greedy_reference, shared_chatty_model
+from course.serving.testing import greedy_reference, shared_chatty_model, sse_json
 from course.workload import all_at_once
 
 MODEL = "op"
@@ -172,7 +172,7 @@ def test_models_lookup_unknown_model_404_and_chat_default(lm):
 
 REFUSED = {
     "logprobs": ("completions", {"logprobs": 21}),
-    "echo": ("completions", {"echo": True}),
+    "echo": ("completions", {"echo": True, "logprobs": 1}),  # echo alone is honoured
     "suffix": ("completions", {"suffix": " end"}),
     "best_of": ("completions", {"best_of": 2}),
     "response_format": ("chat", {"response_format": {"type": "json_object"}}),
@@ -294,3 +294,15 @@ def test_logprobs_are_the_models_own(shared, lm):
     assert sum(len(c.choices[0].logprobs.content) for c in streamed[1:] if c.choices) == 5
     plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
     assert plain.choices[0].logprobs is None
+
+
+def test_echo_sends_the_prompt_before_the_completion(shared):
+    body = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 5, "ignore_eos": True}
+    url = shared.base_url + "/completions"
+    plain = httpx.post(url, json=body, timeout=30).json()["choices"][0]["text"]
+    echoed = httpx.post(url, json={**body, "echo": True}, timeout=30).json()
+    assert echoed["choices"][0]["text"] == "def f(x):" + plain and echoed["usage"]["completion_tokens"] == 5
+    events, done = sse_json(httpx.post(url, json={**body, "echo": True, "stream": True}, timeout=30).text)
+    assert done and "".join(e["choices"][0]["text"] for e in events) == "def f(x):" + plain
+    by_ids = httpx.post(url, json={**body, "prompt": [9, 10, 11], "echo": True}, timeout=30).json()
+    assert by_ids["choices"][0]["text"].startswith(shared.engine.lm.tokenizer.decode([9, 10, 11]))

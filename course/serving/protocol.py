@@ -15,7 +15,8 @@ Follows vLLM 0.11 (``vllm/entrypoints/openai/``) and the OpenAI API reference:
 Sampling fields are honoured as vLLM honours them (``temperature``, ``top_p``, ``top_k``, ``seed``,
 ``stop``, ``stop_token_ids``, ``ignore_eos``, ``logit_bias``, the presence / frequency / repetition
 penalties), and ``logprobs`` / ``top_logprobs`` (the model's raw log-probabilities, as vLLM's
-default). OpenAI fields this server does not implement (``echo``, ``suffix``, ``best_of`` > 1,
+default), and ``echo`` (the prompt's text before the completion's). OpenAI fields this server does
+not implement (``echo`` together with ``logprobs``, ``suffix``, ``best_of`` > 1,
 ``response_format`` other than text, ``tools``) and vLLM's extras that it does not implement
 (``min_p``, ``min_tokens``, ``guided_json``, ...) are accepted at their "off" value and otherwise
 refused with a 400 naming them. Fields with no effect on the output (``user``, ``n: 1``,
@@ -92,6 +93,7 @@ class GenerationRequest:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None  # alternatives per token to report (0: only the chosen token's); None: none
+    echo: str | None = None  # completions with echo: the prompt's text, sent before the completion's
 
 
 @dataclass(frozen=True)
@@ -357,12 +359,14 @@ VLLM_EXTRAS_NOT_IMPLEMENTED = {
 def _refuse_unsupported(body: dict, kind: str) -> None:
     """OpenAI fields this server does not implement: accepted at their "off" value, else a 400 naming them.
 
-    (vLLM implements echo, response_format and tools, and refuses ``suffix``; a client
+    (vLLM implements response_format and tools, and refuses ``suffix``; a client
     that asks for any of them here learns it at once instead of getting a 200 without it.)
     """
     if kind == "completion":
-        if _field(body, "echo", (bool,), default=False):
-            raise BadRequest("'echo' is not supported by this server; send false or leave it out.", "echo")
+        if _field(body, "echo", (bool,), default=False) and body.get("logprobs") is not None:
+            raise BadRequest(
+                "'echo' with 'logprobs' (the prompt's logprobs) is not supported; send one of them.", "echo"
+            )
         if _field(body, "suffix", (str,)):
             raise BadRequest("'suffix' is not supported (vLLM refuses it too); leave it out.", "suffix")
     best_of = _field(body, "best_of", (int,), default=1)
@@ -433,7 +437,10 @@ def parse_completion(body: dict, ctx: ServingContext) -> GenerationRequest:
         ids = _token_ids(prompt, ctx, "prompt")
     else:
         raise BadRequest(f"'prompt' must be a string or an array of token ids, got {_describe(prompt)}", "prompt")
-    return _common(body, ctx, "completion", ids, default_max=16)  # 16: the OpenAI/vLLM completions default
+    request = _common(body, ctx, "completion", ids, default_max=16)  # 16: the OpenAI/vLLM completions default
+    if _field(body, "echo", (bool,), default=False):  # the prompt as sent (token ids: decoded), as vLLM does
+        request.echo = prompt if isinstance(prompt, str) else ctx.tokenizer.decode(ids)
+    return request
 
 
 def _message_text(message: Any, index: int) -> tuple[str, str]:

@@ -219,6 +219,8 @@ class _Generation:
                     yield self.writer.role_chunk()
                 logprobs = self._logprobs_of(event)
                 delta = self._text_of(event.token, event.finish_reason is not None)
+                if self.request.echo is not None and self.completion_tokens == 1:
+                    delta = self.request.echo + delta  # vLLM sends the prompt with the first token
                 self.finish_reason = self.finish_reason or event.finish_reason
                 yield self.writer.token_chunk(delta, self.finish_reason, self.completion_tokens, logprobs)
                 if self.finish_reason is not None:
@@ -248,7 +250,8 @@ class _Generation:
         finally:
             self._done()
         logprobs = None if self.logprobs is None else self.logprobs.whole()
-        return self.writer.full_response("".join(text), self.finish_reason, self.completion_tokens, logprobs)
+        whole = (self.request.echo or "") + "".join(text)
+        return self.writer.full_response(whole, self.finish_reason, self.completion_tokens, logprobs)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -11,8 +11,9 @@ fair numbers on 2 cores). Printed:
    (target at 16: >= 3x throughput with ITL p50 <= 2x the single-stream ITL p50);
 3. the same workload against `transformers serve --continuous-batching` running the same tiny model
    saved with `course tiny-model`, its KV cache capped as peers.md explains (target at 16: >= 1.5x its
-   output tokens/s with TTFT p50 and ITL p50 no worse). Needs `pip install "transformers[serving]"`;
-   skipped with a note when the command is missing.
+   output tokens/s with TTFT p50 and ITL p50 no worse). Needs the `bench` extra (accelerate, rich):
+   `.venv/bin/pip install -c requirements/constraints.txt -e ".[dev,bench]"`; skipped with that
+   note when it is missing.
 
 Every request sends the same payload to every server (greedy, 64 prompt tokens, max_tokens 64, no
 `ignore_eos`: `transformers serve` rejects that field), and the script checks the token counts the
@@ -24,6 +25,7 @@ servers report. Each figure is the median over --repeats runs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -37,6 +39,7 @@ from pathlib import Path
 from _processes import CLIENT_CORE, SERVER_CORE, free_port, pinned, single_thread_env, start_server, stop
 
 ROOT = Path(__file__).resolve().parents[1]
+INSTALL_BENCH = '.venv/bin/pip install -c requirements/constraints.txt -e ".[dev,bench]"'
 BIN = Path(sys.executable).parent
 
 RAW_STEP = """
@@ -224,10 +227,14 @@ def main(argv: list[str] | None = None) -> int:
         port,
     )
     transformers_cli = shutil.which("transformers", path=str(BIN)) or shutil.which("transformers")
+    missing = [name for name in ("accelerate", "rich") if importlib.util.find_spec(name) is None]
     if args.skip_transformers:
         print("  transformers serve: skipped (--skip-transformers)")
-    elif transformers_cli is None:
-        print("  transformers serve: not installed (pip install 'transformers[serving]'); skipped")
+    elif transformers_cli is None or missing:
+        print(
+            f"  transformers serve: {'missing ' + ', '.join(missing) if missing else 'not installed'}; skipped. "
+            f"Install the bench extra: {INSTALL_BENCH}"
+        )
     else:
         port = free_port()
         command = [

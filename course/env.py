@@ -39,6 +39,7 @@ RUNTIME_DISTRIBUTIONS = (
     "uvicorn",
     "httpx",
     "openai",
+    "prometheus_client",
 )
 
 # Environment that keeps notebook output clean: progress bars and library warnings go to

@@ -154,7 +154,6 @@ BAD_REQUESTS = {
     "max_tokens negative": ({"prompt": "x", "max_tokens": -5}, "completions"),
     "prompt longer than context": ({"prompt": " a" * 600, "max_tokens": 1}, "completions"),
     "prompt + max_tokens over context": ({"prompt": "x", "max_tokens": 512}, "completions"),
-    "unknown model": ({"model": "gpt-17", "prompt": "x"}, "completions"),
     "token id out of range": ({"prompt": [1, 999999]}, "completions"),
     "empty prompt": ({"prompt": ""}, "completions"),
     "n = 2": ({"prompt": "x", "n": 2}, "completions"),
@@ -167,6 +166,20 @@ BAD_REQUESTS = {
     "message without content": ({"messages": [{"role": "user"}]}, "chat"),
     "unknown role": ({"messages": [{"role": "robot", "content": "hi"}]}, "chat"),
     "image content part": ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "chat"),
+    # Malformed in ways that used to reach the server as 500 text/plain (issue 13, defect 4):
+    "JSON nested 1,000 deep in an unknown field": (
+        b'{"prompt": "x", "extra": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+        "completions",
+    ),
+    "JSON nested 100,000 deep": (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "completions"),
+    "integer of 5,000 digits": (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", "completions"),
+    "integer of 5,000 digits in an unknown field": (b'{"prompt": "x", "extra": ' + b"1" * 5000 + b"}", "completions"),
+    "NaN temperature": (b'{"prompt": "x", "temperature": NaN}', "completions"),
+    "lone surrogate in a prompt": (b'{"prompt": "abc \\ud800 def"}', "completions"),
+    "lone surrogate in a message": (b'{"messages": [{"role": "user", "content": "hi \\udfff"}]}', "chat"),
+    "lone surrogate in a stop string": (b'{"prompt": "x", "stop": ["\\ud83d"]}', "completions"),
+    "logprobs of the wrong type": ({"prompt": "x", "logprobs": "yes"}, "completions"),
+    "top_logprobs negative": ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": -1}, "chat"),
     "max_completion_tokens zero": (
         {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
         "chat",

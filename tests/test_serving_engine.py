@@ -147,3 +147,20 @@ def test_detokenizer_never_emits_broken_utf8_and_loses_nothing():
     assert all("\ufffd" not in d for d in deltas)
     assert "".join(deltas) == text == detok.text
     assert "" in deltas, "some tokens complete no character and must emit nothing"
+
+
+def test_detokenizer_window_stays_bounded_on_bytes_that_never_form_a_character():
+    """A model may emit invalid UTF-8 forever; holding it back forever would make each push slower."""
+    from course.serving.detok import CONTEXT_TOKENS, MAX_HELD_TOKENS
+
+    tokenizer = load_tokenizer()
+    lone_byte = next(
+        i
+        for i in range(tokenizer.vocab_size)
+        if tokenizer.decode([i]) == "\ufffd" and tokenizer.decode([i, i]) == "\ufffd" * 2
+    )
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids=tokenizer("x").input_ids)
+    for _ in range(200):
+        detok.push(lone_byte)
+        assert len(detok.ids) - detok.prefix_offset <= CONTEXT_TOKENS + 2 * MAX_HELD_TOKENS
+    assert detok.text.count("\ufffd") >= 200 - MAX_HELD_TOKENS

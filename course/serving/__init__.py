@@ -1,9 +1,12 @@
 """Module 2's serving stack: a continuous-batching engine, an OpenAI-compatible server, a load client.
 
 * :mod:`course.serving.engine`: prefill once, then batched decode steps with the KV cache;
-  requests join and leave between steps (continuous batching).
+  requests join and leave between steps (continuous batching). Its parts: ``scheduler`` (the
+  waiting queue, aborts, the admission rule), ``batch_cache`` (the left-padded batch KV cache),
+  ``sampler`` (``SamplingParams`` and the per-row sampler), ``request`` (a request and its events).
 * :mod:`course.serving.server`: ``create_app()``, the FastAPI server (completions, chat,
-  models, health) with vLLM's SSE framing, 400 errors and abort on disconnect.
+  models, health, Prometheus metrics) with vLLM's SSE framing, 400 errors and abort on disconnect;
+  :mod:`course.serving.protocol` validates requests and formats responses.
 * :mod:`course.serving.background`: ``BackgroundServer`` (uvicorn in a thread, any free port)
   and ``run_sync`` for notebooks and tests.
 * :mod:`course.serving.client`: a load client for any OpenAI-compatible server that writes
@@ -18,7 +21,7 @@ import importlib
 
 _EXPORTS = {
     "Engine": "engine",
-    "SamplingParams": "engine",
+    "SamplingParams": "sampler",
     "create_app": "server",
     "BackgroundServer": "background",
     "run_sync": "background",

@@ -15,6 +15,7 @@ thread already has a running event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
@@ -30,6 +31,49 @@ class _QuietShutdown(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "timeout graceful shutdown exceeded" not in record.getMessage()
+
+
+def without_autograd():
+    """``torch.no_grad()`` (a context manager), or a no-op where torch is not installed.
+
+    Autograd's on/off switch is per thread and every new thread starts with it on: a model
+    stepped on a helper thread would record a graph (memory and time) unless the thread turns it
+    off itself. The threads this module starts do.
+    """
+    try:
+        import torch
+    except ImportError:  # the helpers also serve apps that never touch torch
+        return contextlib.nullcontext()
+    return torch.no_grad()
+
+
+def run_stop_callbacks(app) -> None:
+    """Run the app's ``app.state.on_server_stop`` callbacks (once per app; later calls do nothing)."""
+    state = getattr(app, "state", None)
+    if state is None or getattr(state, "stop_callbacks_ran", False):
+        return
+    state.stop_callbacks_ran = True
+    for callback in getattr(state, "on_server_stop", []):
+        callback()
+
+
+def uvicorn_server(config):
+    """A ``uvicorn.Server`` that runs the app's stop callbacks as soon as it is told to exit.
+
+    uvicorn answers SIGTERM / SIGINT by closing the listening socket and waiting up to
+    ``timeout_graceful_shutdown`` s for open connections, then cancels them (a traceback per
+    request in the log, streams cut without ``[DONE]``). Running the callbacks first (the
+    reference server stops its engine there) ends every open request properly at once. They run
+    on a fresh thread: a signal handler may interrupt code that holds the engine's lock.
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            threading.Thread(target=run_stop_callbacks, args=(config.app,), name="course-stop", daemon=True).start()
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 class BackgroundServer:
@@ -59,14 +103,15 @@ class BackgroundServer:
             timeout_graceful_shutdown=graceful_timeout,
             lifespan="on",
         )
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn_server(config)
         self.thread = threading.Thread(target=self._serve, name=f"uvicorn-{self.port}", daemon=True)
         self._error: BaseException | None = None
         logging.getLogger("uvicorn.error").addFilter(_QuietShutdown())
 
     def _serve(self) -> None:
         try:
-            self.server.run(sockets=[self.sock])
+            with without_autograd():  # a learner's app may step its model on this thread
+                self.server.run(sockets=[self.sock])
         except BaseException as err:  # reported by start()
             self._error = err
 
@@ -93,9 +138,7 @@ class BackgroundServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving: abort the app's work, close connections, join the thread."""
-        state = getattr(self.app, "state", None)
-        for callback in getattr(state, "on_server_stop", []) if state is not None else []:
-            callback()
+        run_stop_callbacks(self.app)
         self.server.should_exit = True
         if self.thread.is_alive():
             self.thread.join(timeout)
@@ -127,7 +170,8 @@ def run_sync(coroutine: Awaitable[T], timeout: float | None = None) -> T:
 
     def target() -> None:
         try:
-            result["value"] = asyncio.run(main())
+            with without_autograd():
+                result["value"] = asyncio.run(main())
         except BaseException as err:  # re-raised in the caller's thread
             result["error"] = err
 

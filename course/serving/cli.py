@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+
+from course.serving.protocol import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_REQUEST_BYTES  # light: no FastAPI
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,18 +37,43 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("COURSE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $COURSE_API_KEY; none = open)",
+    )
+    parser.add_argument("--access-log", action="store_true", help="log one line per request (status, ms, tokens)")
+    parser.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=None,
+        help="answer 503 while this many requests wait (default: no limit)",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="larger request bodies get 413 (default 4 MiB)",
+    )
+    parser.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=DEFAULT_CHAT_MAX_TOKENS,
+        help=f"max_tokens of a chat request that sends none (default {DEFAULT_CHAT_MAX_TOKENS}; 0 = up to the context)",
+    )
     parser.set_defaults(run=serve)
 
 
 def serve(args: argparse.Namespace) -> int:
-    import os
+    import logging
 
     import torch
     import uvicorn
 
     from course.env import QUIET_ENV
     from course.models import TINY_NAME, load_model
-    from course.serving.server import create_app
+    from course.serving.background import uvicorn_server
+    from course.serving.server import access_logger, create_app
 
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
@@ -61,11 +89,21 @@ def serve(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         max_model_len=args.max_model_len,
         max_prefill_tokens=args.max_prefill_tokens,
+        max_request_bytes=args.max_request_bytes,
+        max_waiting_requests=args.max_waiting_requests,
+        default_max_tokens=args.default_max_tokens or None,
+        api_key=args.api_key,
+        access_log=args.access_log,
     )
+    if args.access_log:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        access_logger.addHandler(handler)
+        access_logger.setLevel(logging.INFO)
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=2
+        app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5
     )
-    server = uvicorn.Server(config)
+    server = uvicorn_server(config)  # stops the engine first on SIGTERM / Ctrl-C: requests end cleanly
     engine = app.state.engine
     print(
         f"serving {app.state.model_name} on http://{args.host}:{args.port}/v1 (max batch {engine.max_batch_size}, "

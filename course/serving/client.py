@@ -83,10 +83,12 @@ class PromptBuilder:
             raise ValueError(f"a prompt needs at least one token, got {n_tokens}")
         rng = random.Random(seed)
         text = "".join(rng.choice(self.words) for _ in range(n_tokens))
-        got = len(self.count(text))
-        if got != n_tokens:  # merges across words are rare; trim or pad until it fits
-            ids = self.count(text)[:n_tokens]
-            text = self.tokenizer.decode(ids)
+        ids = self.count(text)
+        while len(ids) < n_tokens:  # two words merged into one token (rare): pad with more words
+            text += rng.choice(self.words)
+            ids = self.count(text)
+        if len(ids) > n_tokens:  # then trim to the exact count
+            text = self.tokenizer.decode(ids[:n_tokens])
         return text
 
 

@@ -16,6 +16,10 @@ from collections.abc import Sequence
 REPLACEMENT = "\ufffd"
 # Tokens of context decoded before the new ones (vLLM uses 5 prompt tokens as well).
 CONTEXT_TOKENS = 5
+# A UTF-8 character is at most 4 bytes, so a window still ending in U+FFFD after this many held-back
+# tokens will never complete: emit it (replacement characters and all) rather than hold back forever,
+# which would make every later push decode an ever longer window (quadratic, on the event loop).
+MAX_HELD_TOKENS = 8
 
 
 class IncrementalDetokenizer:
@@ -46,7 +50,8 @@ class IncrementalDetokenizer:
         self.ids.append(int(token_id))
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset :])
-        if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT):
+        held = len(self.ids) - self.read_offset
+        if len(new_text) > len(prefix_text) and (not new_text.endswith(REPLACEMENT) or held >= MAX_HELD_TOKENS):
             delta = new_text[len(prefix_text) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             self.text += delta

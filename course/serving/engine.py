@@ -14,165 +14,34 @@ New requests therefore join between two decode steps, and finished ones leave be
 steps: iteration-level ("continuous") batching as in Orca (OSDI'22) and vLLM. With
 ``max_batch_size=1`` the same engine serves one request at a time, first come first served.
 
-**Batching sequences of different lengths.** All running requests share one
-``transformers`` dynamic cache whose tensors are ``(batch, kv_heads, T, head_dim)``. A row
-shorter than ``T`` is padded on the *left*; an attention mask hides the padding and explicit
-position ids give every token its true position, so each row computes exactly what it would
-compute alone (up to float rounding; ``tests/test_serving_engine.py`` checks that batched greedy
-output equals one-at-a-time greedy output in float64). Rows join by concatenation along the
-batch dimension and leave by index selection; columns that are padding in every row are
-trimmed away. The dynamic cache already copies itself on every step (it appends with
-``torch.cat``), so a join or a leave costs about one extra step's worth of copying.
+The pieces, split as nano-vllm splits its engine (``engine/{scheduler,sequence,model_runner}.py``):
+
+* :mod:`course.serving.scheduler`: the waiting queue, aborts and the admission rule (no model);
+* :mod:`course.serving.batch_cache`: the running rows' KV cache, left-padded (how sequences of
+  different lengths share one batch);
+* :mod:`course.serving.sampler`: the sampling parameters and the per-row sampler;
+* :mod:`course.serving.request`: a request and the sink that delivers its events;
+* this module: the loop that ties them to the model (prefill, decode, finishing requests).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import inspect
 import itertools
-import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
 from course.models import LanguageModel, forward, new_cache
+from course.serving.batch_cache import BatchCache
+from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver
+from course.serving.sampler import Sampler, SamplingParams
+from course.serving.scheduler import Schedule, Scheduler
 
-
-class EngineStopped(RuntimeError):
-    """The engine was shut down while a request was waiting or running."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to generate for one request.
-
-    Attributes:
-        max_tokens: tokens to generate at most (>= 1).
-        temperature: 0 = greedy (the default here, so runs are reproducible); > 0 samples.
-        top_p: nucleus sampling mass (0 < top_p <= 1), used when temperature > 0.
-        seed: seed of this request's sampler (None = unseeded).
-        ignore_eos: keep generating past end-of-sequence tokens (benchmarks use it for exact lengths).
-        stop_token_ids: extra token ids that end the request (finish reason "stop").
-    """
-
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """What the engine hands a request after a step.
-
-    ``token`` is the new token id (None for an event without a token: an abort or an error).
-    ``finish_reason`` is set on the request's last event: "stop" (end-of-sequence or a stop
-    token), "length" (max_tokens reached), "abort" (aborted by the caller) or "error".
-    """
-
-    token: int | None
-    finish_reason: str | None = None
-    error: str | None = None
-
-
-class EngineRequest:
-    """One request inside the engine: its prompt, its output so far, and where events go.
-
-    Iterate over it (``for event in request`` or ``async for event in request``) to receive its
-    :class:`TokenEvent` objects as the engine produces them. The counters record, in engine
-    steps, when things happened, so tests can check server-side that an aborted request stopped
-    within one decode step.
-    """
-
-    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
-        self.request_id = request_id
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.output_ids: list[int] = []
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.arrival_time = time.perf_counter()
-        self.first_token_time: float | None = None
-        self.abort_requested_step: int | None = None  # engine step count when abort() was called
-        self.freed_step: int | None = None  # engine step count when its cache rows were released
-        self.steps_after_abort = 0  # decode steps run for it after abort() was called
-        # Events go to a thread-safe queue until an `async for` attaches an event loop; from then on
-        # they are handed to that loop (so one request works from plain code, threads and coroutines).
-        self._sink_lock = threading.Lock()
-        self._loop = None
-        self._async_queue: asyncio.Queue | None = None
-        self._sync_queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._generator = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_ids)
-
-    def _sampler(self):
-        import torch
-
-        if self._generator is None and self.params.seed is not None:
-            self._generator = torch.Generator().manual_seed(self.params.seed)
-        return self._generator
-
-    # --- consuming events ------------------------------------------------------------------
-
-    def __iter__(self) -> Iterator[TokenEvent]:
-        if self._loop is not None:
-            raise TypeError("this request is already consumed with `async for`")
-        while True:
-            event = self._sync_queue.get()
-            yield event
-            if event.finish_reason is not None:
-                return
-
-    def __aiter__(self) -> AsyncIterator[TokenEvent]:
-        return self._aiter()
-
-    async def _aiter(self) -> AsyncIterator[TokenEvent]:
-        with self._sink_lock:
-            if self._loop is None:
-                self._async_queue = asyncio.Queue()
-                while not self._sync_queue.empty():  # events that came before we attached
-                    self._async_queue.put_nowait(self._sync_queue.get())
-                self._loop = asyncio.get_running_loop()
-        while True:
-            event = await self._async_queue.get()
-            yield event
-            if event.finish_reason is not None:
-                return
-
-    def _route(self, event: TokenEvent):
-        """Engine thread: queue ``event`` for a plain consumer, or return the loop to hand it to."""
-        with self._sink_lock:
-            if self._loop is None:
-                self._sync_queue.put(event)
-                return None
-            return self._loop
-
-    def __repr__(self) -> str:
-        state = self.finish_reason or ("running" if self.output_ids else "waiting")
-        sizes = f"{len(self.prompt_ids)} prompt tokens, {len(self.output_ids)} out"
-        return f"EngineRequest({self.request_id!r}, {sizes}, {state})"
+__all__ = ["Engine", "EngineRequest", "EngineStopped", "SamplingParams", "TokenEvent"]
 
 
 @cache
@@ -192,6 +61,9 @@ class Engine:
             request is always admitted). A burst of new requests is prefilled in groups between
             decode steps: the first of them get their first token sooner, and running requests
             stall for a bounded time.
+        background: run the engine loop on its own thread (the default). False: nothing runs
+            until the caller calls :meth:`step`, one iteration at a time (tests drive it by hand,
+            as with vLLM's ``LLMEngine.step()``).
     """
 
     def __init__(
@@ -200,6 +72,7 @@ class Engine:
         max_batch_size: int = 64,
         max_model_len: int | None = None,
         max_prefill_tokens: int = 512,
+        background: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -214,22 +87,15 @@ class Engine:
         self.pad_token_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
         self._logits_kw = {"logits_to_keep": 1} if _forward_accepts(type(lm.model), "logits_to_keep") else {}
         # With SDPA attention a ready 4D boolean mask skips transformers' per-step mask building.
-        self._mask_4d = getattr(lm.model.config, "_attn_implementation", None) == "sdpa"
-
-        self._lock = threading.Condition()
-        self._waiting: deque[EngineRequest] = deque()
-        self._abort: dict[str, str] = {}  # request id -> finish reason to report
-        self._requests: dict[str, EngineRequest] = {}  # every unfinished request, by id
+        mask_4d = getattr(lm.model.config, "_attn_implementation", None) == "sdpa"
+        self.scheduler = Scheduler(max_batch_size, max_prefill_tokens)
+        self.batch = BatchCache(lm.device, mask_4d)  # touched only by the engine thread
+        self.sampler = Sampler()
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
-        self._stopping = False
-
-        # Engine-thread state (touched only by the engine thread).
-        self._rows: list[EngineRequest] = []  # running requests, in cache-row order
-        self._cache = None  # one dynamic cache for all rows, left-padded to a common length
-        self._lengths = None  # (rows,) real tokens held per row
-        self._next = None  # (rows, 1) the token each row feeds into the next step
-        self._padded = False  # any row shorter than the cache?
+        self._thread_lock = threading.Lock()
+        self._background = background
+        self._pending: list[tuple[EngineRequest, TokenEvent]] = []  # events to deliver after this step
 
         # Counters (read from any thread; written by the engine thread).
         self.steps = 0  # decode steps run
@@ -239,7 +105,7 @@ class Engine:
         self.decode_seconds = 0.0  # time spent in decode steps (forward + sampling + hand-off)
         self.prefill_seconds = 0.0
         self.last_error: str | None = None
-        self._pending: list[tuple[EngineRequest, TokenEvent]] = []  # events to deliver after this step
+        self.iterations: deque[tuple[float, float]] = deque(maxlen=4096)  # (start, seconds) of recent iterations
 
     # --- public API (any thread) --------------------------------------------------------------
 
@@ -259,16 +125,8 @@ class Engine:
         vocab = self.lm.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        rid = request_id or f"req-{next(self._ids)}"
-        request = EngineRequest(rid, prompt_ids, params)
-        with self._lock:
-            if self._stopping:
-                raise EngineStopped("the engine is shut down")
-            if rid in self._requests:
-                raise ValueError(f"request id {rid!r} is already running")
-            self._requests[rid] = request
-            self._waiting.append(request)
-            self._lock.notify()
+        request = EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params)
+        self.scheduler.add(request)
         self._ensure_started()
         return request
 
@@ -277,22 +135,11 @@ class Engine:
 
         Takes effect before the engine's next decode step. Unknown or finished ids are ignored.
         """
-        with self._lock:
-            request = self._requests.get(request_id)
-            if request is None or request.finished or request_id in self._abort:
-                return
-            request.abort_requested_step = self.steps
-            self._abort[request_id] = reason
-            self._lock.notify()
+        self.scheduler.abort([request_id], reason, self.steps)
 
     def abort_all(self, reason: str = "the server is shutting down") -> None:
-        """Fail every waiting and running request with an error event (used at shutdown)."""
-        with self._lock:
-            for rid, request in self._requests.items():
-                if not request.finished and rid not in self._abort:
-                    request.abort_requested_step = self.steps
-                    self._abort[rid] = "error:" + reason
-            self._lock.notify()
+        """Fail every waiting and running request with an error event of status 503 (used at shutdown)."""
+        self.scheduler.abort(None, "unavailable:" + reason, self.steps)
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
         """Generate synchronously (from plain code, not inside an event loop); returns the token ids."""
@@ -303,35 +150,40 @@ class Engine:
         return list(request.output_ids)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Abort everything and stop the engine thread."""
+        """Abort everything, refuse new requests, and stop the engine thread (waiting ``timeout`` s for it)."""
         self.abort_all()
-        with self._lock:
-            self._stopping = True
-            self._lock.notify()
+        self.scheduler.stop()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
+    def step(self) -> bool:
+        """Run one engine iteration now, on this thread (only with ``background=False``).
+
+        Returns True once the engine is stopped. Does not wait: with nothing to do it returns False.
+        """
+        import torch
+
+        if self._background:
+            raise RuntimeError("this engine runs its own loop; step() is for Engine(..., background=False)")
+        with torch.inference_mode():
+            return self._iteration(block=False)
+
     @property
     def num_running(self) -> int:
-        return len(self._rows)
+        return len(self.batch)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return self.scheduler.num_waiting
 
     @property
     def num_unfinished(self) -> int:
         """Requests submitted and not yet finished (waiting, running, or being aborted)."""
-        with self._lock:
-            return len(self._requests)
+        return self.scheduler.num_unfinished
 
     def cache_tokens(self) -> int:
         """Token slots held by the batch cache (rows x padded length); 0 when idle."""
-        cache_obj = self._cache
-        if cache_obj is None:
-            return 0
-        keys = cache_obj.layers[0].keys
-        return int(keys.shape[0] * keys.shape[-2])
+        return self.batch.tokens_held()
 
     def stats(self) -> dict[str, Any]:
         """Counters for /health, tests and plots."""
@@ -353,8 +205,8 @@ class Engine:
     # --- the engine thread ----------------------------------------------------------------------
 
     def _ensure_started(self) -> None:
-        if self._thread is None:
-            with self._lock:
+        if self._background and self._thread is None:
+            with self._thread_lock:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="course-engine", daemon=True)
                     self._thread.start()
@@ -362,65 +214,42 @@ class Engine:
     def _run(self) -> None:
         import torch
 
-        with torch.inference_mode():
+        with torch.inference_mode():  # autograd is per thread: this is the thread that runs every step
             while True:
                 try:
                     if self._iteration():
                         return
                 except Exception as err:  # a bug outside a forward pass: fail what is in flight, keep serving
                     self.last_error = f"engine loop failed: {type(err).__name__}: {err}"
-                    self._fail_everything(self.last_error)
+                    self._fail_everything("error:" + self.last_error)
 
-    def _iteration(self) -> bool:
+    def _iteration(self, block: bool = True) -> bool:
         """One engine iteration: aborts, admissions (prefill), one decode step. True when stopped."""
-        with self._lock:
-            while not (self._waiting or self._rows or self._abort or self._stopping):
-                self._lock.wait()
-            if self._stopping and not self._abort:
-                self._fail_everything("the engine is shut down")
-                return True
-            aborts, self._abort = self._abort, {}
-            admitted = self._admit()
-        self._apply_aborts(aborts)
-        if admitted:
+        plan = self.scheduler.schedule(len(self.batch), block)
+        if plan.stop:
+            self._fail_everything("unavailable:the engine is shut down")
+            return True
+        started = time.perf_counter()
+        self._apply_aborts(plan)
+        if plan.admitted:
             start = time.perf_counter()
-            self._guarded(self._prefill, admitted)
+            self._guarded(self._prefill, plan.admitted)
             self.prefill_seconds += time.perf_counter() - start
-        if self._rows:
+        if self.batch.rows:
             start = time.perf_counter()
-            self._guarded(self._decode, list(self._rows))
+            self._guarded(self._decode, list(self.batch.rows))
             self.decode_seconds += time.perf_counter() - start
+        self.iterations.append((started, time.perf_counter() - started))
         return False
 
-    def _admit(self) -> list[EngineRequest]:
-        """Pop waiting requests that fit in the batch and the prefill budget (lock held)."""
-        admitted: list[EngineRequest] = []
-        budget = self.max_prefill_tokens
-        while self._waiting and len(self._rows) + len(admitted) < self.max_batch_size:
-            request = self._waiting[0]
-            if admitted and len(request.prompt_ids) > budget:
-                break
-            if request.request_id in self._abort:  # aborted before it ever ran
-                break
-            self._waiting.popleft()
-            admitted.append(request)
-            budget -= len(request.prompt_ids)
-        return admitted
-
-    def _apply_aborts(self, aborts: dict[str, str]) -> None:
-        if not aborts:
-            return
-        with self._lock:
-            waiting = [r for r in self._waiting if r.request_id in aborts]
-            for request in waiting:
-                self._waiting.remove(request)
-        for request in waiting:
+    def _apply_aborts(self, plan: Schedule) -> None:
+        """Finish aborted requests: the waiting ones (already out of the queue) and running rows."""
+        for request in plan.aborted_waiting:
             request.freed_step = self.steps  # it never held cache rows
-            self._finish(request, aborts[request.request_id])
-        leaving = [i for i, r in enumerate(self._rows) if r.request_id in aborts]
-        for i in leaving:
-            self._finish(self._rows[i], aborts[self._rows[i].request_id])
-        self._drop_rows(leaving)
+            self._finish(request, plan.aborts[request.request_id])
+        leaving = [i for i, r in enumerate(self.batch.rows) if r.request_id in plan.aborts]
+        for request in self._drop(leaving):  # free the cache before the requests hear about it
+            self._finish(request, plan.aborts[request.request_id])
 
     def _guarded(self, work, requests: list[EngineRequest]) -> None:
         """Run a forward pass; if it fails, fail its requests (not the engine) and drop their rows."""
@@ -429,11 +258,10 @@ class Engine:
         except Exception as err:  # an engine bug or out-of-memory must not kill the server
             message = f"generation failed: {type(err).__name__}: {err}"
             self.last_error = message
-            rows = [i for i, r in enumerate(self._rows) if r in requests]
+            self._drop([i for i, r in enumerate(self.batch.rows) if r in requests])
             for request in requests:
                 if not request.finished:
                     self._finish(request, "error:" + message)
-            self._drop_rows(rows)
 
     def _prefill(self, requests: list[EngineRequest]) -> None:
         """One forward pass over the admitted prompts (left-padded to a common length)."""
@@ -452,179 +280,97 @@ class Engine:
             kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
         logits, prompt_cache = forward(self.lm.model, ids.to(device), new_cache(self.lm.model), **kwargs)
         self.prefills += 1
-        tokens = self._sample(logits[:, -1, :], requests)
+        tokens, logprobs = self._sample(logits[:, -1, :], requests)
         now = time.perf_counter()
         keep = []
         for row, (request, token) in enumerate(zip(requests, tokens)):
             request.first_token_time = now
-            if not self._emit(request, token):
+            if token is not None and not self._emit(request, token, logprobs[row]):
                 keep.append(row)
         if keep:
-            self._join(prompt_cache, keep, [lengths[i] for i in keep], [tokens[i] for i in keep], requests)
+            self.batch.join(prompt_cache, keep, [lengths[i] for i in keep], [tokens[i] for i in keep], requests)
         self._flush()
 
     def _decode(self, rows: list[EngineRequest]) -> None:
         """One decode step for every running request."""
-        import torch
-
-        kwargs = {}
-        if self._padded:
-            width = self._cache.layers[0].keys.shape[-2]
-            columns = torch.arange(width + 1, device=self._lengths.device).unsqueeze(0)
-            visible = columns >= (width - self._lengths).unsqueeze(1)  # (rows, width + 1): not padding
-            kwargs["attention_mask"] = visible[:, None, None, :] if self._mask_4d else visible.long()
-            kwargs["position_ids"] = self._lengths.unsqueeze(1)
-        logits, self._cache = forward(self.lm.model, self._next, self._cache, **kwargs)
-        self._lengths += 1
+        next_ids, kwargs = self.batch.decode_inputs()
+        logits, grown = forward(self.lm.model, next_ids, self.batch.cache, **kwargs)
         self.steps += 1
         self.batch_size_sum += len(rows)
-        tokens = self._sample(logits[:, -1, :], rows)
+        tokens, logprobs = self._sample(logits[:, -1, :], rows)
         leaving = []
         for row, (request, token) in enumerate(zip(rows, tokens)):
             if request.abort_requested_step is not None:
                 request.steps_after_abort += 1
-            if self._emit(request, token):
+            if token is None or self._emit(request, token, logprobs[row]):
                 leaving.append(row)
-        self._next = torch.tensor(tokens, dtype=torch.long, device=self._next.device).unsqueeze(1)
-        self._drop_rows(leaving)  # free the cache before the finished requests hear about it
+        self.batch.advance(grown, [self.pad_token_id if t is None else t for t in tokens])  # failed rows leave
+        self._drop(leaving)  # free the cache before the finished requests hear about it
         self._flush()
 
-    def _sample(self, logits, requests: list[EngineRequest]) -> list[int]:
-        """Greedy for temperature 0, else temperature + top-p sampling, row by row. logits: (rows, vocab)."""
-        import torch
+    def _sample(self, logits, requests: list[EngineRequest]) -> tuple[list[int | None], list]:
+        """(next tokens, logprobs or None per row) of ``requests`` (logits: (rows, vocab)); a row
+        whose sampling failed is failed here, alone, and gets None."""
+        tokens = self.sampler(logits, requests)
+        for i, (request, token) in enumerate(zip(requests, tokens)):
+            if isinstance(token, Exception):
+                self._finish(request, f"error:sampling failed: {type(token).__name__}: {token}")
+                tokens[i] = None
+        if any(r.params.logprobs is not None for r in requests):
+            return tokens, self.sampler.logprobs(logits, requests, tokens)
+        return tokens, [None] * len(requests)
 
-        tokens = logits.argmax(-1).tolist()
-        for row, request in enumerate(requests):
-            params = request.params
-            if params.temperature > 0:
-                probs = torch.softmax(logits[row].float() / params.temperature, dim=-1)
-                if params.top_p < 1:
-                    sorted_probs, order = probs.sort(descending=True)
-                    outside = sorted_probs.cumsum(0) - sorted_probs > params.top_p
-                    sorted_probs[outside] = 0
-                    probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-                tokens[row] = int(torch.multinomial(probs.cpu(), 1, generator=request._sampler()))
-        return tokens
-
-    def _emit(self, request: EngineRequest, token: int) -> bool:
+    def _emit(self, request: EngineRequest, token: int, logprobs: tuple | None = None) -> bool:
         """Record a token and queue its event; True when the request is finished."""
         request.output_ids.append(token)
         self.tokens_generated += 1
         params = request.params
         reason = None
-        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
+        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_set:
             reason = "stop"
         elif len(request.output_ids) >= params.max_tokens:
             reason = "length"
         if reason is not None:
             self._close(request, reason)
-        self._pending.append((request, TokenEvent(token, reason)))
+        event = TokenEvent(token, reason) if logprobs is None else TokenEvent(token, reason, None, None, *logprobs)
+        self._pending.append((request, event))
         return reason is not None
 
     def _finish(self, request: EngineRequest, reason: str) -> None:
-        """End a request without a token (abort or error) and deliver that final event."""
-        error = None
-        if reason.startswith("error:"):
-            reason, error = "error", reason.removeprefix("error:")
+        """End a request without a token and deliver that final event.
+
+        ``reason``: "abort", "error:<message>" (status 500) or "unavailable:<message>" (503).
+        """
+        error = status = None
+        kind, _, message = reason.partition(":")
+        if kind in ("error", "unavailable"):
+            reason, error, status = "error", message, 503 if kind == "unavailable" else 500
         request.error = error
         self._close(request, reason)
-        self._pending.append((request, TokenEvent(None, reason, error)))
+        self._pending.append((request, TokenEvent(None, reason, error, status)))
         self._flush()
 
     def _close(self, request: EngineRequest, reason: str) -> None:
         request.finish_reason = reason
-        with self._lock:
-            self._requests.pop(request.request_id, None)
-            self._abort.pop(request.request_id, None)
+        self.scheduler.forget(request.request_id)
+
+    def _drop(self, rows: list[int]) -> list[EngineRequest]:
+        dropped = self.batch.drop(rows)
+        for request in dropped:
+            request.freed_step = self.steps
+        return dropped
 
     def _flush(self) -> None:
         """Deliver queued events: one wake-up per event loop per step, not one per token."""
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        by_loop: dict[Any, list] = {}
-        for request, event in pending:
-            loop = request._route(event)
-            if loop is not None:
-                by_loop.setdefault(loop, []).append((request._async_queue, event))
-        for loop, items in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
-                loop.call_soon_threadsafe(_deliver, items)
-
-    # --- the batch cache --------------------------------------------------------------------
-
-    def _join(self, prompt_cache, keep: list[int], lengths: list[int], tokens: list[int], requests) -> None:
-        """Add prefilled rows to the running batch (both sides left-padded to a common width)."""
-        import torch
-        import torch.nn.functional as F
-
-        device = self.lm.device
-        index = torch.tensor(keep, device=device)
-        new_layers = [(layer.keys, layer.values) for layer in prompt_cache.layers]
-        if len(keep) != len(requests):
-            new_layers = [(k.index_select(0, index), v.index_select(0, index)) for k, v in new_layers]
-        new_width = new_layers[0][0].shape[-2]
-        new_lengths = torch.tensor(lengths, dtype=torch.long, device=device)
-        new_next = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(1)
-        if self._cache is None:
-            self._cache = prompt_cache
-            for layer, (k, v) in zip(self._cache.layers, new_layers):
-                layer.keys, layer.values = k, v
-            self._lengths, self._next = new_lengths, new_next
-        else:
-            old_width = self._cache.layers[0].keys.shape[-2]
-            width = max(old_width, new_width)
-            for layer, (k, v) in zip(self._cache.layers, new_layers):
-                pad_old, pad_new = (0, 0, width - old_width, 0), (0, 0, width - new_width, 0)
-                layer.keys = torch.cat([F.pad(layer.keys, pad_old), F.pad(k, pad_new)], dim=0)
-                layer.values = torch.cat([F.pad(layer.values, pad_old), F.pad(v, pad_new)], dim=0)
-            self._lengths = torch.cat([self._lengths, new_lengths])
-            self._next = torch.cat([self._next, new_next])
-        self._rows.extend(requests[i] for i in keep)
-        self._update_padding()
-
-    def _drop_rows(self, rows: list[int]) -> None:
-        """Remove finished rows from the batch and trim columns that are padding in every row."""
-        if not rows:
-            return
-        import torch
-
-        for i in rows:
-            self._rows[i].freed_step = self.steps
-        keep = [i for i in range(len(self._rows)) if i not in set(rows)]
-        self._rows = [self._rows[i] for i in keep]
-        if not keep or self._cache is None:
-            self._cache = self._lengths = self._next = None
-            self._rows = []
-            self._padded = False
-            return
-        index = torch.tensor(keep, device=self._lengths.device)
-        self._lengths = self._lengths.index_select(0, index)
-        self._next = self._next.index_select(0, index)
-        width = self._cache.layers[0].keys.shape[-2]
-        trim = width - int(self._lengths.max())
-        for layer in self._cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, trim:, :]
-            layer.values = layer.values.index_select(0, index)[:, :, trim:, :]
-        self._update_padding()
-
-    def _update_padding(self) -> None:
-        width = self._cache.layers[0].keys.shape[-2]
-        self._padded = bool((self._lengths != width).any())
+        if self._pending:
+            pending, self._pending = self._pending, []
+            deliver(pending)
 
     def _fail_everything(self, reason: str) -> None:
-        with self._lock:
-            waiting = list(self._waiting)
-            self._waiting.clear()
-        for request in waiting + list(self._rows):
+        """End every waiting and running request with ``reason`` ("error:..." or "unavailable:...")."""
+        for request in self.scheduler.drain() + self._drop(list(range(len(self.batch)))):
             if not request.finished:
-                self._finish(request, "error:" + reason)
-        self._drop_rows(list(range(len(self._rows))))
-
-
-def _deliver(items: list) -> None:
-    for async_queue, event in items:
-        async_queue.put_nowait(event)
+                self._finish(request, reason)
 
 
 def _eos_ids(lm: LanguageModel) -> frozenset[int]:

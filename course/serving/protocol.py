@@ -12,8 +12,15 @@ Follows vLLM 0.11 (``vllm/entrypoints/openai/``) and the OpenAI API reference:
 * bad requests get HTTP 400 and ``{"error": {"message", "type", "param", "code"}}``; an error
   after the stream started is sent as a ``data: {"error": ...}`` event, then ``[DONE]``.
 
-Fields that real clients send and this server does not use (``user``, ``seed`` without
-sampling, ``logprobs: null``, ``n: 1``, ``presence_penalty``, ...) are accepted and ignored.
+Sampling fields are honoured as vLLM honours them (``temperature``, ``top_p``, ``top_k``, ``seed``,
+``stop``, ``stop_token_ids``, ``ignore_eos``, ``logit_bias``, the presence / frequency / repetition
+penalties), and ``logprobs`` / ``top_logprobs`` (the model's raw log-probabilities, as vLLM's
+default), and ``echo`` (the prompt's text before the completion's). OpenAI fields this server does
+not implement (``echo`` together with ``logprobs``, ``suffix``, ``best_of`` > 1,
+``response_format`` other than text, ``tools``) and vLLM's extras that it does not implement
+(``min_p``, ``min_tokens``, ``guided_json``, ...) are accepted at their "off" value and otherwise
+refused with a 400 naming them. Fields with no effect on the output (``user``, ``n: 1``,
+``stream_options`` without ``stream``) and unknown fields are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -26,19 +33,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from course.limits import context_length_error
+from course.serving.sampler import INT64_MAX, INT64_MIN, MAX_LOGPROBS
 
 DONE_EVENT = "data: [DONE]\n\n"
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # larger bodies get 413 (a 128k-token prompt is about 0.5 MB of text)
+DEFAULT_CHAT_MAX_TOKENS = 1024  # what a chat request without max_tokens may generate, unless the operator says
 CHAT_ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
 class BadRequest(Exception):
-    """A client mistake: becomes HTTP 400 with an OpenAI-style error body."""
+    """A client mistake: becomes HTTP ``status`` (400 unless said) with an OpenAI-style error body."""
 
-    def __init__(self, message: str, param: str | None = None, code: int | str = 400) -> None:
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        code: int | str | None = None,
+        status: int = 400,
+        err_type: str = "BadRequestError",
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
-        self.code = code
+        self.status = status
+        self.code = status if code is None else code
+        self.err_type = err_type
 
 
 def error_body(message: str, err_type: str = "BadRequestError", param: str | None = None, code: int | str = 400):
@@ -69,6 +88,13 @@ class GenerationRequest:
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    top_k: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # alternatives per token to report (0: only the chosen token's); None: none
+    echo: str | None = None  # completions with echo: the prompt's text, sent before the completion's
 
 
 @dataclass(frozen=True)
@@ -79,6 +105,10 @@ class ServingContext:
     model_names: tuple[str, ...]
     max_model_len: int
     vocab_size: int
+    # Characters of the longest token: a prompt of more than max_model_len * this many characters
+    # cannot fit, and is refused without spending seconds tokenizing it (None: no such check).
+    max_token_chars: int | None = None
+    default_chat_max_tokens: int | None = None  # chat without max_tokens: at most this many (None: the room left)
 
 
 # --- validation helpers -------------------------------------------------------------------------
@@ -114,23 +144,72 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+MAX_JSON_DEPTH = 64  # arrays/objects nested deeper than this are refused (real requests nest < 10)
+
+
+def _no_constant(name: str):
+    raise BadRequest(f"The request body is not valid JSON: {name} is not a JSON number.")
+
+
 def parse_json_body(raw: bytes) -> dict:
-    """The request body as a JSON object, or BadRequest saying what is wrong with it."""
+    """The request body as a JSON object, or BadRequest saying what is wrong with it.
+
+    Besides syntax errors this refuses, with 400 rather than a 500 from deep inside the server:
+    nesting deeper than :data:`MAX_JSON_DEPTH` (anywhere, even in a field the server ignores),
+    integers longer than Python's 4,300-digit conversion limit, NaN / Infinity, and strings that
+    are not valid Unicode (a lone surrogate such as ``"\\ud800"``), which no tokenizer can encode.
+    """
     if not raw.strip():
         raise BadRequest("The request body is empty; send a JSON object.")
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise BadRequest(f"The request body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels.") from None
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError, and "Exceeds the limit (4300 digits)"
         raise BadRequest(f"The request body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
         raise BadRequest(f"The request body must be a JSON object, got {type(body).__name__}.")
+    _check_json_tree(body)
     return body
+
+
+def _check_json_tree(body: dict) -> None:
+    """Depth and Unicode checks over the whole parsed body, without recursion (it may be deep)."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(
+                    f"'{path}' contains a lone surrogate (an unpaired \\ud800-\\udfff escape); send valid Unicode.",
+                    path.split(".")[0].split("[")[0] or None,
+                ) from None
+        elif isinstance(value, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise BadRequest(
+                    f"The request body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels (at '{path}')."
+                )
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str):
+                    stack.append((key, path, depth))
+                    child = f"{path}.{key}" if path else key
+                else:
+                    child = f"{path}[{key}]"
+                stack.append((item, child, depth + 1))
 
 
 def _check_model(body: dict, ctx: ServingContext) -> str:
     model = _field(body, "model", (str,), default=ctx.model_names[0])
-    if model not in ctx.model_names:
-        raise BadRequest(f"The model `{model}` does not exist. Served models: {', '.join(ctx.model_names)}.", "model")
+    if model not in ctx.model_names:  # 404, as OpenAI and vLLM answer
+        raise BadRequest(
+            f"The model `{model}` does not exist. Served models: {', '.join(ctx.model_names)}.",
+            "model",
+            status=404,
+            err_type="NotFoundError",
+        )
     return model
 
 
@@ -162,12 +241,14 @@ def _common(
     include_usage = _field(options, "include_usage", (bool,), default=True) if options else False
     continuous = _field(options, "continuous_usage_stats", (bool,), default=False) if options else False
     temperature = float(_field(body, "temperature", (int, float), default=0.0))
-    if not 0 <= temperature <= 2:
+    if not 0 <= temperature <= 2:  # NaN fails too; 0 < t < 0.01 is raised to 0.01 by SamplingParams
         raise BadRequest(f"'temperature' must be between 0 and 2, got {temperature}", "temperature")
     top_p = float(_field(body, "top_p", (int, float), default=1.0))
     if not 0 < top_p <= 1:
         raise BadRequest(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
     seed = _field(body, "seed", (int,))
+    if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
+        raise BadRequest(f"'seed' must be a signed 64-bit integer (in [{INT64_MIN}, {INT64_MAX}]), got {seed}", "seed")
     stop = _field(body, "stop", (str, list), default=[])
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) for s in stop):
@@ -176,6 +257,7 @@ def _common(
     stop_token_ids = _field(body, "stop_token_ids", (list,), default=[])
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids):
         raise BadRequest("'stop_token_ids' must be an array of integers", "stop_token_ids")
+    _refuse_unsupported(body, kind)
     return GenerationRequest(
         kind=kind,
         model=_check_model(body, ctx),
@@ -190,7 +272,137 @@ def _common(
         ignore_eos=_field(body, "ignore_eos", (bool,), default=False),
         stop=stop,
         stop_token_ids=stop_token_ids,
+        logprobs=_logprobs(body, kind),
+        **_logit_processing(body, ctx),
     )
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many alternatives per token to report, vLLM's way: completions send ``logprobs: N``;
+    chat sends ``logprobs: true`` and ``top_logprobs: N`` (0-20, vLLM's default ``max_logprobs``)."""
+    if kind == "completion":
+        count = _field(body, "logprobs", (int,))
+        name = "logprobs"
+    else:
+        wanted = _field(body, "logprobs", (bool,), default=False)
+        count = _field(body, "top_logprobs", (int,))
+        name = "top_logprobs"
+        if count and not wanted:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        count = (count or 0) if wanted else None
+    if count is not None and not 0 <= count <= MAX_LOGPROBS:
+        raise BadRequest(f"'{name}' must be an integer in [0, {MAX_LOGPROBS}], got {count}", name)
+    return count
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = float(_field(body, name, (int, float), default=default))
+    if not low <= value <= high:  # NaN fails too
+        raise BadRequest(f"'{name}' must be in [{low:g}, {high:g}], got {value}", name)
+    return value
+
+
+def _logit_processing(body: dict, ctx: ServingContext) -> dict:
+    """top_k, the penalties and logit_bias, validated as vLLM validates them (``SamplingParams``)."""
+    top_k = _field(body, "top_k", (int,), default=0)
+    if top_k < -1:
+        raise BadRequest(f"'top_k' must be 0 or -1 (all tokens) or at least 1, got {top_k}", "top_k")
+    repetition = float(_field(body, "repetition_penalty", (int, float), default=1.0))
+    if not 0 < repetition < float("inf"):
+        raise BadRequest(f"'repetition_penalty' must be a finite number > 0, got {repetition}", "repetition_penalty")
+    bias = _field(body, "logit_bias", (dict,), default={})
+    logit_bias = {}
+    for key, value in bias.items():
+        token = int(key) if isinstance(key, str) and key.lstrip("-").isdigit() and len(key) < 20 else None
+        if token is None or not 0 <= token < ctx.vocab_size:
+            raise BadRequest(
+                f"'logit_bias' keys must be token ids in [0, {ctx.vocab_size}), got {_describe(key)}", "logit_bias"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise BadRequest(f"'logit_bias' values must be numbers, got {_describe(value)}", "logit_bias")
+        logit_bias[token] = float(value)  # clamped to [-100, 100] by SamplingParams
+    return {
+        "top_k": max(top_k, 0),
+        "presence_penalty": _number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        "repetition_penalty": repetition,
+        "logit_bias": logit_bias,
+    }
+
+
+# vLLM's extra sampling fields that this server does not implement, with their "off" value
+# (vllm/entrypoints/openai/protocol.py): sent with any other value, they get a 400, not silence.
+VLLM_EXTRAS_NOT_IMPLEMENTED = {
+    "min_p": 0,
+    "min_tokens": 0,
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
+    "prompt_logprobs": None,
+    "allowed_token_ids": None,
+    "bad_words": [],
+    "guided_json": None,
+    "guided_regex": None,
+    "guided_choice": None,
+    "guided_grammar": None,
+    "structured_outputs": None,
+}
+
+
+def _refuse_unsupported(body: dict, kind: str) -> None:
+    """OpenAI fields this server does not implement: accepted at their "off" value, else a 400 naming them.
+
+    (vLLM implements response_format and tools, and refuses ``suffix``; a client
+    that asks for any of them here learns it at once instead of getting a 200 without it.)
+    """
+    if kind == "completion":
+        if _field(body, "echo", (bool,), default=False) and body.get("logprobs") is not None:
+            raise BadRequest(
+                "'echo' with 'logprobs' (the prompt's logprobs) is not supported; send one of them.", "echo"
+            )
+        if _field(body, "suffix", (str,)):
+            raise BadRequest("'suffix' is not supported (vLLM refuses it too); leave it out.", "suffix")
+    best_of = _field(body, "best_of", (int,), default=1)
+    if best_of != 1:
+        raise BadRequest(
+            f"'best_of' must be 1 (this server generates one sequence per request), got {best_of}", "best_of"
+        )
+    response_format = _field(body, "response_format", (dict,), default={"type": "text"})
+    if response_format.get("type") != "text":
+        raise BadRequest(
+            f"'response_format' {_describe(response_format.get('type'))} is not supported: structured output is not "
+            'implemented here; send {"type": "text"} or leave it out.',
+            "response_format",
+        )
+    for name, off in VLLM_EXTRAS_NOT_IMPLEMENTED.items():
+        if body.get(name) is not None and body[name] != off:
+            raise BadRequest(f"'{name}' (a vLLM extension) is not supported by this server; leave it out.", name)
+    tools = _field(body, "tools", (list,), default=[])
+    tool_choice = _field(body, "tool_choice", (str, dict), default="none" if not tools else "auto")
+    if tool_choice != "none":
+        name = "tools" if tools else "tool_choice"
+        raise BadRequest(
+            f"'{name}': tool calling is not supported by this server; leave out tools and tool_choice.", name
+        )
+
+
+def longest_token_chars(tokenizer) -> int:
+    """Characters of the tokenizer's longest vocabulary entry (its raw form, never shorter than its text)."""
+    return max(map(len, tokenizer.get_vocab()), default=1)
+
+
+def _check_prompt_chars(chars: int, ctx: ServingContext, param: str) -> None:
+    """Refuse, before tokenizing it, a prompt that has too many characters to fit in the context.
+
+    A token covers at most ``max_token_chars`` characters of text, so ``chars`` characters are at
+    least ``chars / max_token_chars`` tokens; the factor 2 leaves room for normalizers that merge
+    characters. Tokenizing a 2 MB prompt takes seconds; this check takes none.
+    """
+    if ctx.max_token_chars and chars > 2 * ctx.max_token_chars * ctx.max_model_len:
+        raise BadRequest(
+            f"This model's maximum context length is {ctx.max_model_len} tokens. However, your prompt has "
+            f"{chars} characters, more than that many tokens can hold. Please reduce the length of the input.",
+            param,
+        )
 
 
 def _token_ids(value: list, ctx: ServingContext, param: str) -> list[int]:
@@ -209,6 +421,7 @@ def parse_completion(body: dict, ctx: ServingContext) -> GenerationRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one prompt
     if isinstance(prompt, str):
+        _check_prompt_chars(len(prompt), ctx, "prompt")
         ids = ctx.tokenizer(prompt, add_special_tokens=True, verbose=False).input_ids
     elif isinstance(prompt, list):
         if prompt and all(isinstance(p, (str, list)) for p in prompt):
@@ -216,7 +429,10 @@ def parse_completion(body: dict, ctx: ServingContext) -> GenerationRequest:
         ids = _token_ids(prompt, ctx, "prompt")
     else:
         raise BadRequest(f"'prompt' must be a string or an array of token ids, got {_describe(prompt)}", "prompt")
-    return _common(body, ctx, "completion", ids, default_max=16)  # 16: the OpenAI/vLLM completions default
+    request = _common(body, ctx, "completion", ids, default_max=16)  # 16: the OpenAI/vLLM completions default
+    if _field(body, "echo", (bool,), default=False):  # the prompt as sent (token ids: decoded), as vLLM does
+        request.echo = prompt if isinstance(prompt, str) else ctx.tokenizer.decode(ids)
+    return request
 
 
 def _message_text(message: Any, index: int) -> tuple[str, str]:
@@ -257,7 +473,8 @@ def parse_chat(body: dict, ctx: ServingContext) -> GenerationRequest:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array of {'role', 'content'} objects.", "messages")
     parsed = [_message_text(message, i) for i, message in enumerate(messages)]
-    return _common(body, ctx, "chat", render_chat(ctx.tokenizer, parsed), default_max=None)
+    _check_prompt_chars(sum(len(content) for _, content in parsed), ctx, "messages")
+    return _common(body, ctx, "chat", render_chat(ctx.tokenizer, parsed), default_max=ctx.default_chat_max_tokens)
 
 
 # --- responses ------------------------------------------------------------------------------------
@@ -302,14 +519,17 @@ class ChunkWriter:
             f"{self._usage(0)}}}\n\n"
         )
 
-    def token_chunk(self, text: str, finish_reason: str | None, completion_tokens: int) -> str:
-        """The chunk of one generated token (``text`` may be "")."""
+    def token_chunk(
+        self, text: str, finish_reason: str | None, completion_tokens: int, logprobs: dict | None = None
+    ) -> str:
+        """The chunk of one generated token (``text`` may be ""); ``logprobs``: its :class:`Logprobs` part."""
         finish = "null" if finish_reason is None else f'"{finish_reason}"'
         text_json = json.dumps(text, ensure_ascii=False)
+        lp = "null" if logprobs is None else json.dumps(logprobs, separators=(",", ":"), ensure_ascii=False)
         if self.kind == "completion":
-            body = f'"text":{text_json},"logprobs":null,"finish_reason":{finish},"stop_reason":null}}]'
+            body = f'"text":{text_json},"logprobs":{lp},"finish_reason":{finish},"stop_reason":null}}]'
         else:
-            body = f'"delta":{{"content":{text_json}}},"logprobs":null,"finish_reason":{finish}}}]'
+            body = f'"delta":{{"content":{text_json}}},"logprobs":{lp},"finish_reason":{finish}}}]'
         return f"data: {self._head}{body}{self._usage(completion_tokens)}}}\n\n"
 
     def usage_chunk(self, completion_tokens: int) -> str:
@@ -318,14 +538,22 @@ class ChunkWriter:
         total = json.dumps(usage(self.prompt_tokens, completion_tokens), separators=(",", ":"))
         return f'data: {head}"choices":[],"usage":{total}}}\n\n'
 
-    def full_response(self, text: str, finish_reason: str | None, completion_tokens: int) -> dict:
+    def full_response(
+        self, text: str, finish_reason: str | None, completion_tokens: int, logprobs: dict | None = None
+    ) -> dict:
         """The non-streaming response body."""
         if self.kind == "completion":
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+            }
             obj = "text_completion"
         else:
             message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
             obj = "chat.completion"
         return {
             "id": self.id,
@@ -335,6 +563,57 @@ class ChunkWriter:
             "choices": [choice],
             "usage": usage(self.prompt_tokens, completion_tokens),
         }
+
+
+class Logprobs:
+    """The ``logprobs`` part of a choice, in OpenAI's two shapes (vLLM's ``_create_*_logprobs``).
+
+    Completions: ``{"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}``,
+    the top dict holding the chosen token and its alternatives; chat: ``{"content": [{"token",
+    "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}``. A token is its own
+    decoded text; -inf is sent as -9999.0, as vLLM does (JSON has no infinity).
+    """
+
+    def __init__(self, kind: str, tokenizer) -> None:
+        self.kind, self.tokenizer = kind, tokenizer
+        self.entries: list = []
+
+    def _text(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def add(self, token: int, logprob: float, top: Sequence[tuple[int, float]], text_offset: int) -> dict:
+        """Record one token; returns the logprobs part of that token's own chunk."""
+        text = self._text(token)
+        if self.kind == "completion":
+            alternatives = {self._text(t): max(lp, -9999.0) for t, lp in top}
+            alternatives[text] = max(logprob, -9999.0)
+            entry = (text, max(logprob, -9999.0), alternatives, text_offset)
+            self.entries.append(entry)
+            return self._completion([entry])
+        entry = {
+            "token": text,
+            "logprob": max(logprob, -9999.0),
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [
+                {"token": t, "logprob": max(lp, -9999.0), "bytes": list(t.encode("utf-8"))}
+                for t, lp in ((self._text(i), lp) for i, lp in top)
+            ],
+        }
+        self.entries.append(entry)
+        return {"content": [entry]}
+
+    @staticmethod
+    def _completion(entries) -> dict:
+        return {
+            "tokens": [e[0] for e in entries],
+            "token_logprobs": [e[1] for e in entries],
+            "top_logprobs": [e[2] for e in entries],
+            "text_offset": [e[3] for e in entries],
+        }
+
+    def whole(self) -> dict:
+        """Every token's, for the non-streaming response."""
+        return self._completion(self.entries) if self.kind == "completion" else {"content": list(self.entries)}
 
 
 def find_stop(text: str, stops: Sequence[str], start: int) -> int | None:

@@ -1,20 +1,41 @@
 """The course's reference OpenAI-compatible server (FastAPI) over the continuous-batching engine.
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streaming and not),
-``GET /v1/models``, ``GET /health`` (with the engine's counters). Wire format, errors and
-disconnect handling follow vLLM 0.11; see :mod:`course.serving.protocol`.
+``GET /v1/models`` and ``GET /v1/models/{id}``, ``GET /health`` (with the engine's counters) and
+``GET /metrics`` (Prometheus, vLLM's metric names: :mod:`course.serving.prometheus`). Wire format,
+errors and disconnect handling follow vLLM 0.11; see :mod:`course.serving.protocol`.
+
+What keeps one request from hurting the others:
+
+* the body is read with a size limit (413 past ``max_request_bytes``, refused from the
+  ``Content-Length`` header before anything is read when the client sends one);
+* JSON parsing, validation, tokenization and chat templating run on one worker thread, not on
+  the event loop, so a large prompt cannot stall the other streams or ``/health`` (the Rust
+  tokenizer releases the GIL); a prompt with too many characters to fit is refused untokenized;
+* a waiting queue longer than ``max_waiting_requests`` is answered with 503 and ``Retry-After``.
 
 Disconnects: a streaming response watches the connection while it streams; a non-streaming
 request races its generation against the connection (vLLM's ``with_cancellation``). Either way
 a client that goes away aborts its engine request, which stops before the next decode step and
-frees its rows of the KV cache.
+frees its rows of the KV cache. Shutdown (SIGTERM, Ctrl-C, ``BackgroundServer.stop``) first
+stops the engine: every open stream ends with an error event and ``[DONE]``, every waiting
+non-streaming request gets a 503, and uvicorn then finds no connection left to cancel.
+
+Operator features: ``api_key`` (``Authorization: Bearer``, as vLLM's ``--api-key``, for the
+``/v1`` routes), ``X-Request-Id`` taken from the request or made up, and echoed on the response,
+and one access-log line per request (``access_log=True``, logger ``course.serving.access``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import secrets
+import time
+import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,13 +47,17 @@ from course.models import LanguageModel
 from course.serving.detok import IncrementalDetokenizer
 from course.serving.engine import Engine, EngineRequest, EngineStopped, SamplingParams
 from course.serving.protocol import (
+    DEFAULT_CHAT_MAX_TOKENS,
+    DEFAULT_MAX_REQUEST_BYTES,
     DONE_EVENT,
     BadRequest,
     ChunkWriter,
     GenerationRequest,
+    Logprobs,
     ServingContext,
     error_body,
     find_stop,
+    longest_token_chars,
     parse_chat,
     parse_completion,
     parse_json_body,
@@ -40,6 +65,7 @@ from course.serving.protocol import (
 )
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+access_logger = logging.getLogger("course.serving.access")
 
 
 async def wait_for_disconnect(receive) -> None:
@@ -88,10 +114,23 @@ def _event_stream_response(events: AsyncIterator[str], on_disconnect):
     return EventStreamResponse()
 
 
-class _Generation:
-    """One request's way through the engine: detokenization, stop strings, the chunks."""
+class GenerationFailed(Exception):
+    """The engine ended a request with an error (``status`` 500, or 503 while shutting down)."""
 
-    def __init__(self, engine: Engine, request: GenerationRequest, tokenizer) -> None:
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+def _failure_body(message: str, status: int) -> dict:
+    kind = "ServiceUnavailableError" if status == 503 else "InternalServerError"
+    return error_body(message, kind, code=status)
+
+
+class _Generation:
+    """One request's way through the engine: detokenization, stop strings, the chunks, its metrics."""
+
+    def __init__(self, engine: Engine, request: GenerationRequest, tokenizer, metrics=None, state=None) -> None:
         self.engine = engine
         self.request = request
         self.writer = ChunkWriter(request)
@@ -100,14 +139,18 @@ class _Generation:
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
+            top_k=request.top_k,
             seed=request.seed,
             ignore_eos=request.ignore_eos,
             stop_token_ids=tuple(request.stop_token_ids),
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty,
+            logit_bias=tuple(request.logit_bias.items()),
+            logprobs=request.logprobs,
         )
         try:
             self.engine_request: EngineRequest = engine.submit(request.prompt_ids, params, request_id=self.writer.id)
-        except EngineStopped:
-            raise
         except ValueError as err:  # validated already; kept so a gap in validation is still a 400
             raise BadRequest(str(err)) from None
         self.stop_holdback = max((len(stop) for stop in request.stop), default=1) - 1
@@ -115,12 +158,23 @@ class _Generation:
         self.emitted = 0  # characters of detok.text sent so far
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self.metrics = metrics
+        self.state = state  # the ASGI scope's state: usage for the access log
+        self.token_times: list[float] = []
+        self.logprobs = None if request.logprobs is None else Logprobs(request.kind, tokenizer)
 
     def abort(self) -> None:
         if self.finish_reason is None or self.engine_request.finish_reason is None:
             self.engine.abort(self.engine_request.request_id)
 
+    def _logprobs_of(self, event) -> dict | None:
+        """The logprobs part of this token's chunk (None unless the request asked for them)."""
+        if self.logprobs is None or event.logprob is None:
+            return None
+        return self.logprobs.add(event.token, event.logprob, event.top_logprobs, len(self.detok.text))
+
     def _text_of(self, token: int, finished: bool) -> str:
+        self.token_times.append(time.perf_counter())
         self.detok.push(token)
         if finished:
             self.detok.flush()
@@ -137,6 +191,19 @@ class _Generation:
         self.emitted = len(text)
         return delta
 
+    def _done(self) -> None:
+        """Abort what is still running, record the metrics and the usage (once per request)."""
+        if self.engine_request.finish_reason is None:
+            self.engine.abort(self.engine_request.request_id)
+        if self.state is not None:
+            self.state["usage"] = (len(self.request.prompt_ids), self.completion_tokens)
+        if self.metrics is not None:
+            reason = self.finish_reason or ("error" if self.error else "abort")
+            self.metrics.request_finished(
+                self.engine_request.arrival_time, self.token_times, len(self.request.prompt_ids), reason
+            )
+            self.metrics = None
+
     async def events(self) -> AsyncIterator[str]:
         """SSE events: (role chunk), one chunk per token, (usage chunk), [DONE]."""
         try:
@@ -144,42 +211,124 @@ class _Generation:
                 if event.token is None:
                     if event.error:
                         self.error = event.error
-                        yield sse_event(error_body(event.error, "InternalServerError", code=500))
+                        yield sse_event(_failure_body(event.error, event.status or 500))
                         yield DONE_EVENT
                     return  # aborted: the client is gone
                 self.completion_tokens += 1
                 if self.request.kind == "chat" and self.completion_tokens == 1:
                     yield self.writer.role_chunk()
+                logprobs = self._logprobs_of(event)
                 delta = self._text_of(event.token, event.finish_reason is not None)
+                if self.request.echo is not None and self.completion_tokens == 1:
+                    delta = self.request.echo + delta  # vLLM sends the prompt with the first token
                 self.finish_reason = self.finish_reason or event.finish_reason
-                yield self.writer.token_chunk(delta, self.finish_reason, self.completion_tokens)
+                yield self.writer.token_chunk(delta, self.finish_reason, self.completion_tokens, logprobs)
                 if self.finish_reason is not None:
                     break
             if self.request.include_usage:
                 yield self.writer.usage_chunk(self.completion_tokens)
             yield DONE_EVENT
         finally:
-            if self.engine_request.finish_reason is None:
-                self.engine.abort(self.engine_request.request_id)
+            self._done()
 
     async def collect(self) -> dict:
-        """The whole (non-streaming) response body."""
+        """The whole (non-streaming) response body; raises GenerationFailed."""
         text = []
         try:
             async for event in self.engine_request:
                 if event.token is None:
                     if event.error:
-                        raise RuntimeError(event.error)
+                        self.error = event.error
+                        raise GenerationFailed(event.error, event.status or 500)
                     break
                 self.completion_tokens += 1
+                self._logprobs_of(event)
                 text.append(self._text_of(event.token, event.finish_reason is not None))
                 self.finish_reason = self.finish_reason or event.finish_reason
                 if self.finish_reason is not None:
                     break
         finally:
-            if self.engine_request.finish_reason is None:
-                self.engine.abort(self.engine_request.request_id)
-        return self.writer.full_response("".join(text), self.finish_reason, self.completion_tokens)
+            self._done()
+        logprobs = None if self.logprobs is None else self.logprobs.whole()
+        whole = (self.request.echo or "") + "".join(text)
+        return self.writer.full_response(whole, self.finish_reason, self.completion_tokens, logprobs)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or BadRequest 413 as soon as it is known to exceed ``limit`` bytes."""
+
+    def too_large(size: str) -> BadRequest:
+        return BadRequest(
+            f"The request body is {size}, over this server's limit of {limit} bytes; send a shorter prompt.",
+            status=413,
+            err_type="RequestTooLargeError",
+        )
+
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(f"{int(declared)} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(f"more than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class OperatorMiddleware:
+    """Pure ASGI (streams pass through untouched): API key, X-Request-Id, the access log."""
+
+    def __init__(self, app, api_key: str | None, access_log: bool) -> None:
+        self.app, self.access_log = app, access_log
+        self.api_key = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        start, status = time.perf_counter(), [0]
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id.encode())]}
+            await send(message)
+
+        try:
+            if (
+                self.api_key
+                and scope["path"].startswith("/v1")
+                and not _same(headers.get(b"authorization"), self.api_key)
+            ):
+                body = error_body(
+                    "Invalid or missing API key: send 'Authorization: Bearer <key>'.", "AuthenticationError", code=401
+                )
+                await JSONResponse(body, status_code=401)(scope, receive, send_with_id)
+            else:
+                await self.app(scope, receive, send_with_id)
+        finally:
+            if self.access_log:
+                prompt, completion = state.get("usage", ("-", "-"))
+                client = scope.get("client") or ("-", 0)
+                access_logger.info(
+                    '%s "%s %s" %s %.1f ms request_id=%s prompt_tokens=%s completion_tokens=%s',
+                    client[0],
+                    scope["method"],
+                    scope["path"],
+                    status[0] or "-",
+                    1e3 * (time.perf_counter() - start),
+                    request_id,
+                    prompt,
+                    completion,
+                )
+
+
+def _same(given: bytes | None, expected: bytes) -> bool:
+    return given is not None and secrets.compare_digest(given, expected)
 
 
 def create_app(
@@ -191,6 +340,11 @@ def create_app(
     max_batch_size: int = 64,
     max_model_len: int | None = None,
     max_prefill_tokens: int = 512,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_waiting_requests: int | None = None,
+    default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
+    api_key: str | None = None,
+    access_log: bool = False,
 ):
     """The reference server as a FastAPI app (run it with uvicorn or :class:`BackgroundServer`).
 
@@ -203,9 +357,17 @@ def create_app(
         max_batch_size: requests decoded together (1 = one request at a time).
         max_model_len: context length in tokens (prompt + output).
         max_prefill_tokens: prompt tokens prefilled per engine iteration (see :class:`Engine`).
+        max_request_bytes: larger request bodies get 413.
+        max_waiting_requests: with this many requests already waiting for the engine, new ones
+            get 503 with ``Retry-After`` (None: no limit).
+        default_max_tokens: a chat request without ``max_tokens`` generates at most this many
+            (None: up to the context length, vLLM's default). Completions default to 16 (OpenAI).
+        api_key: require ``Authorization: Bearer <api_key>`` on the ``/v1`` routes.
+        access_log: log one line per request to the ``course.serving.access`` logger.
 
     ``app.state.engine`` is the engine; ``app.state.on_server_stop`` holds callbacks that
-    :class:`~course.serving.background.BackgroundServer` runs before it stops the server.
+    :class:`~course.serving.background.BackgroundServer` and ``course serve`` run when the
+    server is told to stop, before uvicorn closes connections.
     """
     if engine is None:
         if lm is None:
@@ -217,21 +379,38 @@ def create_app(
         )
     lm = engine.lm
     name = model_name or lm.name
-    context = ServingContext(lm.tokenizer, (name, *aliases), engine.max_model_len, lm.vocab_size)
+    context = ServingContext(
+        lm.tokenizer,
+        (name, *aliases),
+        engine.max_model_len,
+        lm.vocab_size,
+        max_token_chars=longest_token_chars(lm.tokenizer),
+        default_chat_max_tokens=default_max_tokens,
+    )
+    # One thread: Hugging Face tokenizers are not safe to call from several threads at once.
+    tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="course-tokenizer")
+    from course.serving.prometheus import CONTENT_TYPE, ServerMetrics
+
+    metrics = ServerMetrics(engine, name)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
         engine.stop()
+        tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="course reference server", lifespan=lifespan)
     app.state.engine = engine
     app.state.model_name = name
-    app.state.on_server_stop = [engine.abort_all]
+    app.state.metrics = metrics
+    # Stopping: refuse new requests and end the running ones with an error event (503).
+    app.state.on_server_stop = [lambda: engine.stop(timeout=0)]
+    app.add_middleware(OperatorMiddleware, api_key=api_key, access_log=access_log)
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, err: BadRequest):
-        return JSONResponse(error_body(err.message, "BadRequestError", err.param, err.code), status_code=400)
+        body = error_body(err.message, err.err_type, err.param, err.code)
+        return JSONResponse(body, status_code=err.status)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError):
@@ -246,9 +425,22 @@ def create_app(
     async def stopped(request: Request, err: EngineStopped):
         return JSONResponse(error_body(str(err), "ServiceUnavailableError", code=503), status_code=503)
 
+    def parse_off_loop(raw: bytes, parse) -> GenerationRequest:
+        return parse(parse_json_body(raw), context)
+
     async def handle(request: Request, parse) -> Any:
-        generation_request = parse(parse_json_body(await request.body()), context)
-        generation = _Generation(engine, generation_request, lm.tokenizer)
+        raw = await read_body(request, max_request_bytes)
+        loop = asyncio.get_running_loop()
+        generation_request = await loop.run_in_executor(tokenizer_thread, parse_off_loop, raw, parse)
+        if max_waiting_requests is not None and engine.num_waiting >= max_waiting_requests:
+            body = error_body(
+                f"The server is overloaded: {engine.num_waiting} requests are waiting already (the limit is "
+                f"{max_waiting_requests}). Retry later.",
+                "ServiceUnavailableError",
+                code=503,
+            )
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+        generation = _Generation(engine, generation_request, lm.tokenizer, metrics, request.scope.get("state"))
         if generation_request.stream:
             return _event_stream_response(generation.events(), generation.abort)
         collecting = asyncio.ensure_future(generation.collect())
@@ -261,8 +453,8 @@ def create_app(
         watcher.cancel()
         try:
             return JSONResponse(collecting.result())
-        except RuntimeError as err:
-            return JSONResponse(error_body(str(err), "InternalServerError", code=500), status_code=500)
+        except GenerationFailed as err:
+            return JSONResponse(_failure_body(err.message, err.status), status_code=err.status)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -272,22 +464,31 @@ def create_app(
     async def chat_completions(request: Request):
         return await handle(request, parse_chat)
 
+    def model_card(model_id: str) -> dict:
+        return {
+            "id": model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "course",
+            "max_model_len": engine.max_model_len,
+        }
+
     @app.get("/v1/models")
     async def models():
-        data = [
-            {
-                "id": model_id,
-                "object": "model",
-                "created": 0,
-                "owned_by": "course",
-                "max_model_len": engine.max_model_len,
-            }
-            for model_id in context.model_names
-        ]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [model_card(model_id) for model_id in context.model_names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id not in context.model_names:
+            raise BadRequest(f"The model `{model_id}` does not exist.", "model", status=404, err_type="NotFoundError")
+        return model_card(model_id)
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": name, **engine.stats()}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return app

@@ -6,7 +6,8 @@
 * :class:`ForwardLog`: records the input length of every forward pass of a model, so a test
   can check "prefill once, then one token per step" and count decode steps server-side.
 * :func:`greedy_reference`: greedy tokens computed the straightforward way, for comparison.
-* :func:`sse_data`: the ``data:`` payloads of a raw SSE body, checking the framing on the way.
+* :func:`sse_json`: the JSON payloads of a raw SSE body and whether it ended with ``[DONE]``,
+  checking the framing on the way (:func:`sse_data` gives the raw payload strings).
 * :func:`failing_decode`: make one decode step of an engine raise, to test error handling.
 """
 
@@ -211,9 +212,11 @@ def scripted_app(
 
 
 def completion_chunks(texts: Sequence[str], finish_reason: str = "length", usage: bool = True, per_chunk=None):
-    """Text-completion chunk dicts for :func:`scripted_app`: one per text, the last with ``finish_reason``,
-    then a usage-only chunk if ``usage``. ``per_chunk`` gives tokens per chunk (default 1 each), reported
-    as continuous usage."""
+    """Text-completion chunk dicts for :func:`scripted_app`: one per text, the last with ``finish_reason``.
+
+    ``per_chunk`` gives the tokens of each chunk (default 1 each). With ``usage`` every chunk carries
+    the usage so far (vLLM's ``continuous_usage_stats``) and a usage-only chunk comes last.
+    """
     per_chunk = list(per_chunk) if per_chunk is not None else [1] * len(texts)
     chunks, total = [], 0
     for i, (text, n) in enumerate(zip(texts, per_chunk)):
@@ -225,7 +228,7 @@ def completion_chunks(texts: Sequence[str], finish_reason: str = "length", usage
             "finish_reason": finish_reason if i == len(texts) - 1 else None,
         }
         chunk = {"id": "cmpl-test", "object": "text_completion", "created": 0, "model": "fake", "choices": [choice]}
-        if per_chunk is not None and usage:
+        if usage:
             chunk["usage"] = {"prompt_tokens": 7, "completion_tokens": total, "total_tokens": 7 + total}
         chunks.append(chunk)
     if usage:

@@ -1,0 +1,123 @@
+"""The running requests' KV cache: one ``transformers`` dynamic cache for all rows (nano-vllm's block
+manager and model runner state, for a cache without blocks).
+
+Its tensors are ``(rows, kv_heads, T, head_dim)``. A row shorter than ``T`` is padded on the
+*left*; an attention mask hides the padding and explicit position ids give every token its true
+position, so each row computes exactly what it would compute alone (up to float rounding;
+``tests/test_serving_engine.py`` checks batched greedy output against one-at-a-time greedy output in
+float64). Rows join by concatenation along the batch dimension and leave by index selection;
+columns that are padding in every row are trimmed away. The dynamic cache already copies itself
+on every step (it appends with ``torch.cat``), so a join or a leave costs about one extra step's
+worth of copying.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BatchCache:
+    """Rows of the batch (``rows[i]`` is the request in cache row ``i``) and their cache tensors.
+
+    Args:
+        device: where the tensors live.
+        mask_4d: pass a ready ``(rows, 1, 1, T + 1)`` boolean mask (SDPA attention: transformers
+            then skips building its own mask each step) rather than a 2D one.
+    """
+
+    def __init__(self, device: Any, mask_4d: bool) -> None:
+        self.device = device
+        self.mask_4d = mask_4d
+        self.rows: list = []
+        self.cache = None  # the dynamic cache, left-padded to a common length
+        self.lengths = None  # (rows,) real tokens held per row
+        self.next = None  # (rows, 1) the token each row feeds into the next step
+        self.padded = False  # any row shorter than the cache?
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def width(self) -> int:
+        return 0 if self.cache is None else int(self.cache.layers[0].keys.shape[-2])
+
+    def tokens_held(self) -> int:
+        """Token slots held (rows x padded length); 0 when empty."""
+        return len(self.rows) * self.width if self.cache is not None else 0
+
+    def decode_inputs(self) -> tuple[Any, dict]:
+        """(input ids (rows, 1), forward kwargs) for one decode step of every row."""
+        import torch
+
+        kwargs = {}
+        if self.padded:
+            columns = torch.arange(self.width + 1, device=self.lengths.device).unsqueeze(0)
+            visible = columns >= (self.width - self.lengths).unsqueeze(1)  # (rows, width + 1): not padding
+            kwargs["attention_mask"] = visible[:, None, None, :] if self.mask_4d else visible.long()
+            kwargs["position_ids"] = self.lengths.unsqueeze(1)
+        return self.next, kwargs
+
+    def advance(self, cache, tokens: list[int]) -> None:
+        """After a decode step: the grown cache, and each row's next input token."""
+        import torch
+
+        self.cache = cache
+        self.lengths += 1
+        self.next = torch.tensor(tokens, dtype=torch.long, device=self.next.device).unsqueeze(1)
+
+    def join(self, prompt_cache, keep: list[int], lengths: list[int], tokens: list[int], requests: list) -> None:
+        """Add rows ``keep`` of a prefill's cache (for ``requests[i]``, i in keep) to the batch."""
+        import torch
+        import torch.nn.functional as F
+
+        index = torch.tensor(keep, device=self.device)
+        new_layers = [(layer.keys, layer.values) for layer in prompt_cache.layers]
+        if len(keep) != len(requests):
+            new_layers = [(k.index_select(0, index), v.index_select(0, index)) for k, v in new_layers]
+        new_width = new_layers[0][0].shape[-2]
+        new_lengths = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        new_next = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(1)
+        if self.cache is None:
+            self.cache = prompt_cache
+            for layer, (k, v) in zip(self.cache.layers, new_layers):
+                layer.keys, layer.values = k, v
+            self.lengths, self.next = new_lengths, new_next
+        else:
+            old_width = self.width
+            width = max(old_width, new_width)
+            for layer, (k, v) in zip(self.cache.layers, new_layers):
+                pad_old, pad_new = (0, 0, width - old_width, 0), (0, 0, width - new_width, 0)
+                layer.keys = torch.cat([F.pad(layer.keys, pad_old), F.pad(k, pad_new)], dim=0)
+                layer.values = torch.cat([F.pad(layer.values, pad_old), F.pad(v, pad_new)], dim=0)
+            self.lengths = torch.cat([self.lengths, new_lengths])
+            self.next = torch.cat([self.next, new_next])
+        self.rows.extend(requests[i] for i in keep)
+        self._update_padding()
+
+    def drop(self, rows: list[int]) -> list:
+        """Remove rows (indices) and trim columns that are padding in every row; returns their requests."""
+        if not rows:
+            return []
+        import torch
+
+        leaving = set(rows)
+        dropped = [self.rows[i] for i in rows]
+        keep = [i for i in range(len(self.rows)) if i not in leaving]
+        self.rows = [self.rows[i] for i in keep]
+        if not keep or self.cache is None:
+            self.cache = self.lengths = self.next = None
+            self.rows = []
+            self.padded = False
+            return dropped
+        index = torch.tensor(keep, device=self.lengths.device)
+        self.lengths = self.lengths.index_select(0, index)
+        self.next = self.next.index_select(0, index)
+        trim = self.width - int(self.lengths.max())
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, trim:, :]
+            layer.values = layer.values.index_select(0, index)[:, :, trim:, :]
+        self._update_padding()
+        return dropped
+
+    def _update_padding(self) -> None:
+        self.padded = bool((self.lengths != self.width).any())

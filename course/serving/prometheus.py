@@ -1,0 +1,106 @@
+"""``GET /metrics``: the reference server's Prometheus metrics, under vLLM's names.
+
+Names, kinds and labels follow vLLM's ``PrometheusStatLogger`` (``vllm/v1/metrics/loggers.py``):
+histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` and
+``vllm:e2e_request_latency_seconds``; gauges ``vllm:num_requests_running``,
+``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` (a fraction: 1 = full); counters
+``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total`` and
+``vllm:request_success_total{finished_reason}``, each labelled ``model_name`` and ``engine``. So a
+Grafana dashboard or an alert written for vLLM reads this server unchanged.
+
+Two differences, both honest zeros or definitions rather than missing series: this engine never
+preempts (its cache grows with the batch), so ``num_preemptions_total`` stays 0; and its
+"KV-cache usage" is the token slots the batch cache holds over the most it can hold
+(``max_batch_size x max_model_len``), as it has no fixed pool of blocks.
+
+Each app has its own registry (tests run several servers in one process).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# vLLM's buckets (vllm/v1/metrics/loggers.py), in seconds
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+LABELS = ("model_name", "engine")
+
+
+class _EngineGauges:
+    """Gauges read from the engine at scrape time (so they are never stale)."""
+
+    def __init__(self, engine, labels: tuple[str, str]) -> None:
+        self.engine, self.labels = engine, list(labels)
+
+    def collect(self):
+        engine = self.engine
+        capacity = engine.max_batch_size * engine.max_model_len
+        values = {
+            "vllm:num_requests_running": ("Number of requests in model execution batches.", engine.num_running),
+            "vllm:num_requests_waiting": ("Number of requests waiting to be processed.", engine.num_waiting),
+            "vllm:kv_cache_usage_perc": (
+                "KV-cache usage. 1 means 100 percent usage.",
+                engine.cache_tokens() / capacity,
+            ),
+        }
+        for name, (doc, value) in values.items():
+            family = GaugeMetricFamily(name, doc, labels=LABELS)
+            family.add_metric(self.labels, value)
+            yield family
+
+
+class ServerMetrics:
+    """The metrics of one server; :meth:`request_finished` is called once per request that ran."""
+
+    def __init__(self, engine, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = (model_name, "0")
+        self.registry.register(_EngineGauges(engine, labels))
+
+        def histogram(name: str, doc: str, buckets) -> Any:
+            return Histogram(name, doc, LABELS, registry=self.registry, buckets=buckets).labels(*labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, LABELS, registry=self.registry).labels(*labels)
+
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS
+        )
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self._success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            (*LABELS, "finished_reason"),
+            registry=self.registry,
+        )
+        self._labels = labels
+
+    def request_finished(
+        self, arrival: float, token_times: list[float], prompt_tokens: int, finish_reason: str | None
+    ) -> None:
+        """Record a request: ``arrival`` and ``token_times`` in ``time.perf_counter()`` seconds."""
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(len(token_times))
+        if token_times:
+            self.ttft.observe(token_times[0] - arrival)
+            for before, after in zip(token_times, token_times[1:]):
+                self.itl.observe(after - before)
+            self.e2e.observe(token_times[-1] - arrival)
+        if finish_reason in ("stop", "length", "abort"):
+            self._success.labels(*self._labels, finish_reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,144 @@
+"""One request inside the engine, and the sink its events travel through (nano-vllm's ``Sequence``).
+
+The engine thread produces :class:`TokenEvent` objects; the consumer is plain code (``for``), another
+thread, or a coroutine on an event loop (``async for``). Each request's :class:`EventSink` holds
+its events in a thread-safe queue until an ``async for`` attaches a loop, and from then on hands
+them to that loop. :func:`deliver` sends one step's events with one wake-up per event loop, not
+one per token: at 64 streams that is the difference between one ``call_soon_threadsafe`` and 64.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from course.serving.sampler import SamplingParams
+
+
+class EngineStopped(RuntimeError):
+    """The engine was shut down while a request was waiting or running."""
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """What the engine hands a request after a step.
+
+    ``token`` is the new token id (None for an event without a token: an abort or an error).
+    ``finish_reason`` is set on the request's last event: "stop" (end-of-sequence or a stop
+    token), "length" (max_tokens reached), "abort" (aborted by the caller) or "error" (then
+    ``error`` says why and ``status`` is 500, or 503 when the engine is shutting down).
+    """
+
+    token: int | None
+    finish_reason: str | None = None
+    error: str | None = None
+    status: int | None = None  # with an error: the HTTP status it means (500 a failure, 503 shutting down)
+    logprob: float | None = None  # with SamplingParams.logprobs: the token's log-probability
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # and the most likely (token id, logprob) pairs
+
+
+class EventSink:
+    """Where one request's events wait for their consumer: a queue, then an event loop once one attaches."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.async_queue: asyncio.Queue | None = None
+        self._sync_queue: queue.SimpleQueue = queue.SimpleQueue()
+
+    def route(self, event: TokenEvent) -> asyncio.AbstractEventLoop | None:
+        """Engine thread: queue ``event`` for a plain consumer, or return the loop to hand it to."""
+        with self._lock:
+            if self.loop is None:
+                self._sync_queue.put(event)
+                return None
+            return self.loop
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        if self.loop is not None:
+            raise TypeError("this request is already consumed with `async for`")
+        while True:
+            event = self._sync_queue.get()
+            yield event
+            if event.finish_reason is not None:
+                return
+
+    async def events(self) -> AsyncIterator[TokenEvent]:
+        with self._lock:
+            if self.loop is None:
+                self.async_queue = asyncio.Queue()
+                while not self._sync_queue.empty():  # events that came before we attached
+                    self.async_queue.put_nowait(self._sync_queue.get())
+                self.loop = asyncio.get_running_loop()
+        while True:
+            event = await self.async_queue.get()
+            yield event
+            if event.finish_reason is not None:
+                return
+
+
+def deliver(pending: list[tuple[EngineRequest, TokenEvent]]) -> None:
+    """Engine thread: hand each event to its request's sink, one wake-up per event loop."""
+    by_loop: dict[Any, list] = {}
+    for request, event in pending:
+        loop = request.sink.route(event)
+        if loop is not None:
+            by_loop.setdefault(loop, []).append((request.sink.async_queue, event))
+    for loop, items in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
+            loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list) -> None:
+    for async_queue, event in items:
+        async_queue.put_nowait(event)
+
+
+class EngineRequest:
+    """One request inside the engine: its prompt, its output so far, and where events go.
+
+    Iterate over it (``for event in request`` or ``async for event in request``) to receive its
+    :class:`TokenEvent` objects as the engine produces them. The counters record, in engine
+    steps, when things happened, so tests can check server-side that an aborted request stopped
+    within one decode step.
+    """
+
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.output_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.arrival_time = time.perf_counter()
+        self.first_token_time: float | None = None
+        self.abort_requested_step: int | None = None  # engine step count when abort() was called
+        self.freed_step: int | None = None  # engine step count when its cache rows were released
+        self.steps_after_abort = 0  # decode steps run for it after abort() was called
+        self.generator = None  # the seeded torch.Generator of its sampler (made on first use)
+        self.sink = EventSink()
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        return iter(self.sink)
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        return self.sink.events()
+
+    def __repr__(self) -> str:
+        state = self.finish_reason or ("running" if self.output_ids else "waiting")
+        sizes = f"{len(self.prompt_ids)} prompt tokens, {len(self.output_ids)} out"
+        return f"EngineRequest({self.request_id!r}, {sizes}, {state})"

@@ -126,7 +126,7 @@ def is_stub(function: object) -> bool:
 
 
 def _exercise_of(function: object) -> str | None:
-    """"Exercise 1.3" from the ``# EXERCISE: ex1_3`` marker of the cell that defined ``function``."""
+    """ "Exercise 1.3" from the ``# EXERCISE: ex1_3`` marker of the cell that defined ``function``."""
     target = function
     if inspect.isclass(target):
         target = next((m for m in vars(target).values() if inspect.isfunction(m)), None)
@@ -164,8 +164,10 @@ def written(*functions: object, shows: str) -> bool:
             numbers.append(name)
     listed = numbers[0] if len(numbers) == 1 else ", ".join(numbers[:-1]) + " and " + numbers[-1]
     names = ", ".join(getattr(f, "__name__", repr(f)) for f in missing)
-    print(f"⏭ Skipped until you write Exercise{'s' if len(numbers) > 1 else ''} {listed} ({names}): "
-          f"this cell then shows {shows}.")
+    print(
+        f"⏭ Skipped until you write Exercise{'s' if len(numbers) > 1 else ''} {listed} ({names}): "
+        f"this cell then shows {shows}."
+    )
     return False
 
 

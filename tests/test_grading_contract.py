@@ -130,7 +130,8 @@ def test_blank_notebook_runs_every_cell_that_is_not_a_test(graded):
             exercise = notebooks.exercise_of(notebooks.grade_id(cell))
             first_errors.setdefault(exercise, (notebooks.grade_id(cell), errors[0].ename if errors else None))
         elif errors:
-            failures.append(f"cell {index} ({cell.source.splitlines()[0][:60]!r}): {errors[0].ename}: {errors[0].evalue}")
+            first_line = cell.source.splitlines()[0][:60]
+            failures.append(f"cell {index} ({first_line!r}): {errors[0].ename}: {errors[0].evalue}")
     assert not failures, f"{assignment}: cells that are not tests fail in the blank notebook:\n" + "\n".join(failures)
     wrong = {ex: got for ex, got in first_errors.items() if got[1] != "NotImplementedError"}
     assert not wrong, f"{assignment}: the first test of these exercises does not fail with NotImplementedError: {wrong}"

@@ -97,10 +97,14 @@ def test_written_names_the_exercise_of_the_answer_cell(capsys):
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
-    shell.run_cell("# EXERCISE: ex3_2\nclass BlockManager:\n    def free(self, r):\n        raise NotImplementedError()\n")
-    shell.run_cell("import course.grading\nif course.grading.written(BlockManager, shows='the block tables'):\n    print('ran')\n")
+    shell.run_cell(
+        "# EXERCISE: ex3_2\nclass BlockManager:\n    def free(self, r):\n        raise NotImplementedError()"
+    )
+    shell.run_cell(
+        "import course.grading\nif course.grading.written(BlockManager, shows='the block tables'):\n    1 / 0"
+    )
     out = capsys.readouterr().out
-    assert "Exercise 3.2 (BlockManager): this cell then shows the block tables." in out and "ran" not in out
+    assert "Exercise 3.2 (BlockManager): this cell then shows the block tables." in out
 
 
 def test_passing_test_cells_say_so_and_failing_ones_do_not(capsys):

@@ -85,7 +85,7 @@ def test_lab_command_serves_jupyterlab_on_the_modules_from_the_repository_root()
 
         # Served from the repository root (issue 11), opening on modules/.
         status, listing = get("/api/contents/modules/m1_prefill_decode")
-        assert status == 200 and "prefill_decode.ipynb" in listing, "the lab must serve modules/ from the repository root"
+        assert status == 200 and "prefill_decode.ipynb" in listing, "modules/ must be served from the repo root"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/?token={token}", timeout=10) as response:
             opened = response.geturl()
         assert "/lab/tree/modules" in opened, f"the lab must open on modules/, it opened {opened}"
@@ -93,7 +93,7 @@ def test_lab_command_serves_jupyterlab_on_the_modules_from_the_repository_root()
         status, _ = get("/api/contents/solutions/m1_prefill_decode/prefill_decode.ipynb")
         assert status == 200, f"formgrader's source notebook link answers HTTP {status}"
         status, body = get("/formgrader/api/assignments")
-        assert status == 200 and "m1_prefill_decode" in body, f"formgrader's assignment list: HTTP {status} {body[:200]}"
+        assert status == 200 and "m1_prefill_decode" in body, f"formgrader assignments: HTTP {status} {body[:200]}"
         # The Validate button's server side is there; the exchange-only panels are off (bin/jupyter/README.md).
         config = json.loads(re.search(r'id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S).group(1))
         assert "@jupyter/nbgrader" in json.dumps(config["federated_extensions"]), "nbgrader's lab extension is missing"

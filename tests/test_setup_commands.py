@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -101,6 +102,18 @@ def test_lab_command_serves_jupyterlab_on_the_modules_from_the_repository_root()
             config.get("disabledExtensions", [])
         ), config.get("disabledExtensions")
         assert get("/assignments")[0] == 404 and get("/formgraders")[0] == 404
+        status, body = get("/formgrader/manage_assignments")
+        assert status == 200 and 'var url_prefix = ".";' in body, "formgrader: course root != server root"
+        # What the Validate button does: nbgrader validates the open notebook (a blank one fails its tests).
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/assignments/validate",
+            data=urllib.parse.urlencode({"path": "modules/m4_kv_calculator/kv_calculator.ipynb"}).encode(),
+            headers={"Authorization": f"token {token}"},
+        )
+        with urllib.request.urlopen(request, timeout=180) as response:
+            verdict = json.loads(response.read().decode())
+        assert verdict.get("success") is True, verdict
+        assert "VALIDATION FAILED" in json.dumps(verdict.get("value")) or "failed" in json.dumps(verdict.get("value"))
     finally:
         stop(process)
 

@@ -34,9 +34,11 @@ INSTALL_FIX = (
     f"fails, report the lines above at {REPO_URL}/issues."
 )
 
-# Oldest versions the course code is tested with (transformers 5.0 and 5.15, Colab's in Aug 2026).
+# Oldest versions the course code is tested with. transformers 5.15 (Colab's since August 2026) is the
+# first whose DeepSeek-V3 cache stores MLA's latent, which module 4 checks the calculator against;
+# 5.0-5.14 store full per-head keys and values there (tests/test_colab_install.py runs the checks on 5.15).
 MIN_PYTHON = (3, 11)
-MIN_VERSIONS = {"torch": "2.4", "transformers": "5.0", "numpy": "1.26", "matplotlib": "3.8"}
+MIN_VERSIONS = {"torch": "2.4", "transformers": "5.15", "numpy": "1.26", "matplotlib": "3.8"}
 
 # What the library imports at run time, by distribution name; used when the course itself is
 # not installed as a distribution (imported from a clone), else its declared requirements win.

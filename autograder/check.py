@@ -42,6 +42,10 @@ CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llm-serving-course"
 
 
+class DownloadFailed(RuntimeError):
+    """The course's tests could not be found or downloaded; the message says what to do."""
+
+
 class CheckClient(execution.ResilientExecution, NotebookClient):
     """nbclient with the grader's resilience (dead or stuck kernels, capped output)."""
 
@@ -119,8 +123,17 @@ def download_course(url: str | None = None, ref: str | None = None, cache: Path 
     if (root / SOURCE_DIRECTORY).is_dir():
         return root
     print(f"Downloading the course's tests from {url} (once) ...")
-    with urllib.request.urlopen(url, timeout=120) as response:
-        data = response.read()
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:
+            data = response.read()
+    except (OSError, ValueError) as err:  # URLError, HTTPError, timeouts and bad URLs
+        reason = getattr(err, "reason", None) or err
+        raise DownloadFailed(
+            f"Could not download the course's tests from {url} ({reason}). Check this runtime's internet "
+            "access (in Colab: Runtime > Disconnect and delete runtime, then reconnect) and run the check "
+            "again, or point it at a copy of the course you have: check_colab(source='PATH/TO/solutions') "
+            "or `autograder check NOTEBOOK --source PATH`."
+        ) from None
     root.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
         for member in archive.getmembers():

@@ -1,9 +1,17 @@
-"""``autograder release``: regenerate the student notebooks in modules/ from solutions/."""
+"""``autograder release``: regenerate the student notebooks in modules/ from solutions/.
+
+It also pins everything a learner opens to one release tag, ``course.env.REPO_REF``
+(``v`` + ``course.env.VERSION``): the setup cell of every notebook installs the course from that
+tag, the README's Colab badges open the notebooks at that tag, and ``autograder check`` downloads
+the hidden tests from it. Cutting a release is: bump ``VERSION``, run ``autograder release``,
+commit, then ``git tag v<VERSION>`` and push the tag (README, "Cutting a release").
+"""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import re
 from pathlib import Path
 
 from autograder import notebooks
@@ -36,6 +44,29 @@ def sync_setup_cells(root: Path) -> list[Path]:
             notebooks.write(nb, path)
             changed.append(path)
     return changed
+
+
+def colab_badge_pattern() -> re.Pattern:
+    """The README's Colab links into this repository; group 1 is the git ref they open."""
+    from course.env import REPO_URL
+
+    repo = re.escape(REPO_URL.removeprefix("https://github.com/"))
+    return re.compile(rf"(?<=https://colab\.research\.google\.com/github/{repo}/blob/)([^/\s)]+)(?=/)")
+
+
+def sync_readme_badges(root: Path) -> list[Path]:
+    """Point the README's Colab badges at the release tag (REPO_REF). Returns [README] if it changed."""
+    from course.env import REPO_REF
+
+    readme = root / "README.md"
+    if not readme.is_file():
+        return []
+    text = readme.read_text()
+    pinned = colab_badge_pattern().sub(REPO_REF, text)
+    if pinned == text:
+        return []
+    readme.write_text(pinned)
+    return [readme]
 
 
 def clear_outputs(root: Path) -> list[Path]:
@@ -72,7 +103,7 @@ def generate(root: Path, assignment_ids: list[str] | None = None, db_url: str | 
 
 
 def release(root: str | Path | None = None, assignment_ids: list[str] | None = None, db_url: str | None = None):
-    """Sync setup cells, clear source outputs, then regenerate modules/ (the whole release step)."""
+    """Sync setup cells and badges, clear source outputs, then regenerate modules/ (the whole release step)."""
     root = Path(root or repo_root())
-    touched = sync_setup_cells(root) + clear_outputs(root)
+    touched = sync_setup_cells(root) + sync_readme_badges(root) + clear_outputs(root)
     return touched, generate(root, assignment_ids, db_url)

@@ -10,8 +10,9 @@ the scheduler simulator (:mod:`course.sim`), the KV-cache calculator (:mod:`cour
 cheap: torch is imported only when a function needs it.
 """
 
-from course.env import in_colab, quick_mode, runtime_info, setup
+from course.env import VERSION, in_colab, quick_mode, runtime_info, setup
 from course.models import load_model
+from course.progressbar import progress
 
-__version__ = "0.1.0"
-__all__ = ["in_colab", "load_model", "quick_mode", "runtime_info", "setup"]
+__version__ = VERSION
+__all__ = ["in_colab", "load_model", "progress", "quick_mode", "runtime_info", "setup"]

@@ -17,13 +17,28 @@ import tempfile
 from dataclasses import dataclass
 
 # --- the one place that says where the course lives -------------------------------------------
+# VERSION is the course's release (pyproject.toml reads it from here). Colab's setup cell installs
+# the library from the git tag REPO_REF, and `autograder check` downloads the hidden tests from the
+# same tag, so a learner's notebook and the tests that grade it come from one release. Cutting a
+# release (README, "Cutting a release"): bump VERSION, run `autograder release`, commit, tag.
+VERSION = "0.1.0"
 REPO_URL = "https://github.com/llm-serving-course/llm-serving-course"
-REPO_REF = "main"
+REPO_REF = f"v{VERSION}"
 DIST_NAME = "llm-serving-course"
 
-# Oldest versions the course code is tested with (transformers 5.0 and 5.15, Colab's in Aug 2026).
+# What to do when the install in Colab fails: the setup cell prints this (it runs before the course
+# can be imported), and so does install_course_in_colab().
+INSTALL_FIX = (
+    "Installing the course library failed (pip's last lines are above). Check the runtime's internet "
+    "access (Runtime > Disconnect and delete runtime, then reconnect) and rerun the setup cell; if it still "
+    f"fails, report the lines above at {REPO_URL}/issues."
+)
+
+# Oldest versions the course code is tested with. transformers 5.15 (Colab's since August 2026) is the
+# first whose DeepSeek-V3 cache stores MLA's latent, which module 4 checks the calculator against;
+# 5.0-5.14 store full per-head keys and values there (tests/test_colab_install.py runs the checks on 5.15).
 MIN_PYTHON = (3, 11)
-MIN_VERSIONS = {"torch": "2.4", "transformers": "5.0", "numpy": "1.26", "matplotlib": "3.8"}
+MIN_VERSIONS = {"torch": "2.4", "transformers": "5.15", "numpy": "1.26", "matplotlib": "3.8"}
 
 # What the library imports at run time, by distribution name; used when the course itself is
 # not installed as a distribution (imported from a clone), else its declared requirements win.
@@ -106,16 +121,24 @@ def bootstrap_cell_source() -> str:
     """Source of the first code cell of every notebook (the same everywhere).
 
     It needs no course code to run, so it can install the course where it is missing (Colab);
-    locally the course is already installed by ``bin/lab`` and the cell only calls setup().
+    locally the course is already installed by ``bin/lab`` and the cell only calls setup(). In
+    Colab it installs only what Colab lacks: every dependency's floor is one Colab's packages meet
+    (a test checks this against Colab's published package list), and the running torch is named
+    as a requirement so pip can never replace it. A failed install ends in the course's fix
+    message, not in a subprocess traceback.
     """
     return (
-        "# SETUP: run this cell first. In Colab it installs the course library, keeping Colab's own\n"
-        "# torch; elsewhere it installs nothing and only checks the runtime.\n"
+        "# SETUP: run this cell first. In Colab it installs the course library and nothing that Colab\n"
+        "# already has (its torch, transformers and widgets stay); elsewhere it only checks the runtime.\n"
         "import importlib.metadata, importlib.util, subprocess, sys\n"
         'if "google.colab" in sys.modules and importlib.util.find_spec("course") is None:\n'
         f'    course_spec = "{pip_spec()}"\n'
         '    keep_torch = "torch==" + importlib.metadata.version("torch")\n'
-        '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", course_spec, keep_torch], check=True)\n'
+        '    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", course_spec, keep_torch],\n'
+        "                         capture_output=True, text=True)\n"
+        "    if pip.returncode != 0:\n"
+        '        print("\\n".join((pip.stderr or pip.stdout).strip().splitlines()[-8:]), file=sys.stderr)\n'
+        f"        raise RuntimeError({INSTALL_FIX!r}) from None\n"
         "import course\n"
         "runtime = course.setup()"
     )
@@ -194,11 +217,8 @@ def install_course_in_colab() -> None:
     result = subprocess.run(command, capture_output=True, text=True)
     os.unlink(pins.name)
     if result.returncode != 0:
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
-        raise UnsupportedRuntimeError(
-            f"Installing the course library failed (pip exit code {result.returncode}):\n{tail}\n"
-            f"Check the runtime's internet access, then rerun the setup cell."
-        )
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
+        raise UnsupportedRuntimeError(f"pip exit code {result.returncode}:\n{tail}\n{INSTALL_FIX}")
     importlib.invalidate_caches()
 
 
@@ -268,9 +288,10 @@ def setup(*, seed: int = 0, verbose: bool = True) -> RuntimeInfo:
     import torch
 
     torch.manual_seed(seed)
-    from course import plotting
+    from course import grading, plotting
 
     plotting.use_course_style()
+    grading.announce_passing_tests()
     info = runtime_info()
     if verbose:
         print(info.summary())

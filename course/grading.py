@@ -5,18 +5,33 @@
 * :func:`forbid_reference` fails an answer that calls the course's own reference
   implementation instead of computing the result.
 * :func:`assert_close` compares numbers and says which quantity was off and by how much.
+* :func:`announce_passing_tests` makes every test cell that passes say so in one line.
+
+And one helper that the demo cells use:
+
+* :func:`written` tells a demo cell whether the exercise it needs has been written yet; when it
+  has not, it prints one line (which exercise, what the cell will show) so the cell can move on
+  instead of failing with the stub's ``NotImplementedError``.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
+import linecache
 import math
+import re
 import sys
+import textwrap
 import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+
+# The marker comment that starts every answer cell (`# EXERCISE: ex1_3`) and every test cell.
+_MARKER = re.compile(r"^#\s*(EXERCISE|TEST):\s*([A-Za-z0-9_\-]+)\s*$")
 
 
 @contextmanager
@@ -76,3 +91,138 @@ def assert_close(
     if not math.isclose(value, expected, rel_tol=rel, abs_tol=abs_tol):
         hint = f"expected {expected!r}" if reveal else "that is not the right value"
         raise AssertionError(f"{what}: got {value!r}; {hint}")
+
+
+# --- demo cells: is the exercise written yet? ---------------------------------------------------
+
+
+def _raises_not_implemented(statement: ast.stmt) -> bool:
+    if not isinstance(statement, ast.Raise) or statement.exc is None:
+        return False
+    exc = statement.exc.func if isinstance(statement.exc, ast.Call) else statement.exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+
+def is_stub(function: object) -> bool:
+    """True when ``function`` unconditionally raises NotImplementedError: nbgrader's blank stub.
+
+    A function counts as a stub when one of the top-level statements of its body is
+    ``raise NotImplementedError(...)`` (what the student notebook's ``# YOUR CODE HERE`` leaves).
+    A class is a stub when any of its own methods (or property getters) is. Where the source
+    cannot be read (a function built at run time), the function counts as written: the demo then
+    runs it and shows whatever it raises.
+    """
+    if inspect.isclass(function):
+        members = [m.fget if isinstance(m, property) else m for m in vars(function).values()]
+        return any(is_stub(m) for m in members if inspect.isfunction(m))
+    function = inspect.unwrap(function) if callable(function) else function
+    if not inspect.isfunction(function):
+        return False
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return False
+    definition = tree.body[0] if tree.body else None
+    if not isinstance(definition, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    return any(_raises_not_implemented(statement) for statement in definition.body)
+
+
+def _exercise_of(function: object) -> str | None:
+    """ "Exercise 1.3" from the ``# EXERCISE: ex1_3`` marker of the cell that defined ``function``."""
+    target = function
+    if inspect.isclass(target):
+        target = next((m for m in vars(target).values() if inspect.isfunction(m)), None)
+    code = getattr(inspect.unwrap(target), "__code__", None) if callable(target) else None
+    if code is None:
+        return None
+    lines = linecache.getlines(code.co_filename)
+    match = _MARKER.match(lines[0].strip()) if lines else None
+    if match is None or match.group(1) != "EXERCISE":
+        return None
+    number = re.fullmatch(r"ex(\d+)_(\d+)", match.group(2))
+    return f"Exercise {number.group(1)}.{number.group(2)}" if number else match.group(2)
+
+
+def written(*functions: object, shows: str) -> bool:
+    """True when every function (or class) in ``functions`` has been written.
+
+    A demo cell that needs an exercise starts with ``if written(my_function, shows="..."):``.
+    While any of them is still the blank stub, this prints one line naming the exercise and what
+    the cell will show once it is written, and returns False, so the cell (and Run All) moves
+    on instead of stopping at ``NotImplementedError``.
+
+    Args:
+        functions: the learner's functions or classes the cell calls.
+        shows: what the cell shows once they work, e.g. "the TTFT of both workloads".
+    """
+    missing = [f for f in functions if is_stub(f)]
+    if not missing:
+        return True
+    numbers = []  # "1.3" for Exercise 1.3, else the function's name
+    for f in missing:
+        exercise = _exercise_of(f)
+        name = exercise.removeprefix("Exercise ") if exercise else getattr(f, "__name__", repr(f))
+        if name not in numbers:
+            numbers.append(name)
+    listed = numbers[0] if len(numbers) == 1 else ", ".join(numbers[:-1]) + " and " + numbers[-1]
+    names = ", ".join(getattr(f, "__name__", repr(f)) for f in missing)
+    print(
+        f"⏭ Skipped until you write Exercise{'s' if len(numbers) > 1 else ''} {listed} ({names}): "
+        f"this cell then shows {shows}."
+    )
+    return False
+
+
+# --- test cells: say when one passed ------------------------------------------------------------
+
+
+class _TestCellReporter:
+    """IPython callbacks: after a test cell (``# TEST: <id>``) runs without an error, print one line.
+
+    A test cell passes exactly when it raises nothing: the course's autograder ignores stderr
+    (autograder/config.py), so a warning printed by the learner's code does not fail it.
+    """
+
+    def __init__(self) -> None:
+        self.current: str | None = None
+
+    def pre_run_cell(self, info) -> None:
+        first = (getattr(info, "raw_cell", "") or "").lstrip().split("\n", 1)[0]
+        match = _MARKER.match(first.strip())
+        self.current = match.group(2) if match and match.group(1) == "TEST" else None
+
+    def post_run_cell(self, result) -> None:
+        test_id, self.current = self.current, None
+        if test_id is not None and getattr(result, "success", False):
+            print(f"✓ {test_id} passed")  # a failing test keeps its own message
+
+
+_reporter: _TestCellReporter | None = None
+
+
+def announce_passing_tests(shell=None) -> bool:
+    """Make every test cell that passes print one line, ``✓ <test id> passed`` (IPython only).
+
+    Registered once per kernel by :func:`course.setup`. The line names the test and nothing it
+    checks, so it reveals nothing; a failing test shows its assertion message as before. Under the
+    autograder the line is ordinary stdout, which does not change a score. Returns whether the
+    callbacks are registered (False outside IPython).
+    """
+    global _reporter
+    if shell is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        shell = get_ipython()
+    if shell is None or not hasattr(shell, "events"):
+        return False
+    if _reporter is None:
+        _reporter = _TestCellReporter()
+    for event in ("pre_run_cell", "post_run_cell"):
+        callback = getattr(_reporter, event)
+        if callback not in shell.events.callbacks[event]:
+            shell.events.register(event, callback)
+    return True

@@ -97,8 +97,8 @@ def test_old_transformers_is_refused_with_the_command_that_fixes_it(monkeypatch)
     with pytest.raises(env.UnsupportedRuntimeError) as err:
         course.setup()
     message = str(err.value)
-    assert "transformers 4.46.0 is older than 5.0" in message
-    assert "pip install -U 'transformers>=5.0'" in message
+    assert "transformers 4.46.0 is older than 5.15" in message
+    assert "pip install -U 'transformers>=5.15'" in message
 
 
 def test_in_colab_the_fix_mentions_restarting_the_session(fake_colab):

@@ -119,3 +119,31 @@ def test_solution_notebook_runs_top_to_bottom_without_an_error(graded):
     not_run = [index for index, cell in code if cell.source.strip() and cell.get("execution_count") is None]
     failed = [index for index, cell in code if has_error(cell)]
     assert not not_run and not failed, f"{assignment}: cells not run {not_run}, cells with an error {failed}"
+
+
+def test_blank_notebook_runs_every_cell_that_is_not_a_test(graded):
+    """Issue 11: the blank notebook's demo cells say what they wait for instead of failing.
+
+    This reads the notebook that the grading run above executed top to bottom (quick mode, as
+    nbgrader runs it), so it costs no extra execution. Every code cell that is not a graded test
+    cell must run without an error; a stub must fail with NotImplementedError where its first
+    test calls it (the way the exercise is used), never with a TypeError from the wrong kind of
+    function (an ``async def`` stub without ``yield`` is a coroutine, not an async generator).
+    """
+    assignment, run, _, _ = graded
+    executed = list((run.workdir / "autograded" / "blank" / assignment).glob("*.ipynb"))
+    assert executed, f"the grading run kept no executed copy of the blank notebook\n{run.log[-3000:]}"
+    failures, first_errors = [], {}
+    for index, cell in enumerate(notebooks.read(executed[0]).cells):
+        if cell.cell_type != "code":
+            continue
+        errors = [out for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+        if notebooks.is_test_cell(cell):
+            exercise = notebooks.exercise_of(notebooks.grade_id(cell))
+            first_errors.setdefault(exercise, (notebooks.grade_id(cell), errors[0].ename if errors else None))
+        elif errors:
+            first_line = cell.source.splitlines()[0][:60]
+            failures.append(f"cell {index} ({first_line!r}): {errors[0].ename}: {errors[0].evalue}")
+    assert not failures, f"{assignment}: cells that are not tests fail in the blank notebook:\n" + "\n".join(failures)
+    wrong = {ex: got for ex, got in first_errors.items() if got[1] != "NotImplementedError"}
+    assert not wrong, f"{assignment}: the first test of these exercises does not fail with NotImplementedError: {wrong}"

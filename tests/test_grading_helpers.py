@@ -47,3 +47,80 @@ def test_quiet_swallows_warnings():
         warnings.simplefilter("error")
         with quiet():
             warnings.warn("would go to stderr", UserWarning, stacklevel=1)
+
+
+# --- demo cells: course.grading.written -----------------------------------------------------------
+
+
+def _stub(x: int) -> int:
+    """What nbgrader's release leaves in an answer cell."""
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
+async def _async_generator_stub(events):
+    """Exercise 2.3's stub: an async generator that raises on first use."""
+    raise NotImplementedError()
+    if False:
+        yield
+
+
+class _ClassStub:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        raise NotImplementedError()
+
+    @property
+    def size(self) -> int:
+        raise NotImplementedError()
+
+
+def _written(x: int) -> int:
+    if x < 0:
+        raise NotImplementedError("negative inputs are a later exercise")
+    return x
+
+
+def test_written_tells_stubs_from_answers(capsys):
+    from course.grading import is_stub, written
+
+    assert is_stub(_stub) and is_stub(_async_generator_stub) and is_stub(_ClassStub)
+    assert not is_stub(_written), "raising NotImplementedError in one branch is an answer, not the stub"
+    assert written(_written, shows="x") is True
+    assert capsys.readouterr().out == ""
+    assert written(_written, _stub, shows="the demo") is False
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and "_stub" in line and "the demo" in line and "_written" not in line
+
+
+def test_written_names_the_exercise_of_the_answer_cell(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_cell(
+        "# EXERCISE: ex3_2\nclass BlockManager:\n    def free(self, r):\n        raise NotImplementedError()"
+    )
+    shell.run_cell(
+        "import course.grading\nif course.grading.written(BlockManager, shows='the block tables'):\n    1 / 0"
+    )
+    out = capsys.readouterr().out
+    assert "Exercise 3.2 (BlockManager): this cell then shows the block tables." in out
+
+
+def test_passing_test_cells_say_so_and_failing_ones_do_not(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from course.grading import announce_passing_tests
+
+    shell = InteractiveShell.instance()
+    assert announce_passing_tests(shell) and announce_passing_tests(shell)  # registering twice is harmless
+    shell.run_cell('# TEST: ex9_9_ok\n"""docstring"""\nassert 1 + 1 == 2\n')
+    assert capsys.readouterr().out.strip() == "✓ ex9_9_ok passed"
+    shell.run_cell('# TEST: ex9_9_bad\nassert 1 + 1 == 3, "arithmetic"\n')
+    assert "passed" not in capsys.readouterr().out
+    shell.run_cell("x = 1  # not a test cell\n")
+    assert capsys.readouterr().out == ""
+    shell.run_cell("# TEST: ex9_9_noisy\nimport sys\nprint('warning', file=sys.stderr)\n")
+    assert capsys.readouterr().out.strip() == "✓ ex9_9_noisy passed", "stderr does not fail a test in this course"
+    shell.run_cell("# TEST: ex9_9_stub\nraise NotImplementedError()\n")
+    assert "passed" not in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """The README's two commands: bin/lab serves the course in JupyterLab, bin/test is what CI runs."""
 
+import json
 import os
 import re
 import secrets
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -45,7 +47,7 @@ def test_environment_yml_installs_the_same_pins():
     assert "python=3.11" in text
 
 
-def test_lab_command_serves_jupyterlab_on_the_modules():
+def test_lab_command_serves_jupyterlab_on_the_modules_from_the_repository_root():
     port, token = free_port(), secrets.token_hex(8)
     process = subprocess.Popen(
         [
@@ -74,11 +76,44 @@ def test_lab_command_serves_jupyterlab_on_the_modules():
             f"/lab did not answer; bin/lab printed:\n{process.stdout.read() if process.poll() is not None else ''}"
         )
         assert "JupyterLab" in page
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/api/contents/m1_prefill_decode?token={token}", timeout=5
-        ) as response:
-            listing = response.read().decode()
-        assert "prefill_decode.ipynb" in listing, "the lab must open on modules/"
+
+        def get(path: str) -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}?token={token}", timeout=10) as response:
+                    return response.status, response.read().decode()
+            except urllib.error.HTTPError as err:
+                return err.code, err.read().decode()
+
+        # Served from the repository root (issue 11), opening on modules/.
+        status, listing = get("/api/contents/modules/m1_prefill_decode")
+        assert status == 200 and "prefill_decode.ipynb" in listing, "modules/ must be served from the repo root"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/?token={token}", timeout=10) as response:
+            opened = response.geturl()
+        assert "/lab/tree/modules" in opened, f"the lab must open on modules/, it opened {opened}"
+        # formgrader's links into the sources 404 when the server's root is modules/.
+        status, _ = get("/api/contents/solutions/m1_prefill_decode/prefill_decode.ipynb")
+        assert status == 200, f"formgrader's source notebook link answers HTTP {status}"
+        status, body = get("/formgrader/api/assignments")
+        assert status == 200 and "m1_prefill_decode" in body, f"formgrader assignments: HTTP {status} {body[:200]}"
+        # The Validate button's server side is there; the exchange-only panels are off (bin/jupyter/README.md).
+        config = json.loads(re.search(r'id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S).group(1))
+        assert "@jupyter/nbgrader" in json.dumps(config["federated_extensions"]), "nbgrader's lab extension is missing"
+        assert {"@jupyter/nbgrader:assignment-list", "@jupyter/nbgrader:course-list"} <= set(
+            config.get("disabledExtensions", [])
+        ), config.get("disabledExtensions")
+        assert get("/assignments")[0] == 404 and get("/formgraders")[0] == 404
+        status, body = get("/formgrader/manage_assignments")
+        assert status == 200 and 'var url_prefix = ".";' in body, "formgrader: course root != server root"
+        # What the Validate button does: nbgrader validates the open notebook (a blank one fails its tests).
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/assignments/validate",
+            data=urllib.parse.urlencode({"path": "modules/m4_kv_calculator/kv_calculator.ipynb"}).encode(),
+            headers={"Authorization": f"token {token}"},
+        )
+        with urllib.request.urlopen(request, timeout=180) as response:
+            verdict = json.loads(response.read().decode())
+        assert verdict.get("success") is True, verdict
+        assert "VALIDATION FAILED" in json.dumps(verdict.get("value")) or "failed" in json.dumps(verdict.get("value"))
     finally:
         stop(process)
 

@@ -36,7 +36,7 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _course(args: argparse.Namespace):
-    from autograder.pipeline import Course
+    from autograder.course_dir import Course
 
     return Course(args.root, db_url=getattr(args, "db_url", None))
 

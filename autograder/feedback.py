@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 from autograder.config import ensure_tools_on_path, nbgrader_config
-from autograder.pipeline import Course
+from autograder.course_dir import Course
 
 
 def feedback_config(course: Course):

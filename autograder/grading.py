@@ -92,7 +92,8 @@ def autograde(
     import nbformat
     from nbgrader.api import Gradebook, MissingEntry
 
-    from autograder.pipeline import Course, grade
+    from autograder.course_dir import Course
+    from autograder.pipeline import grade
     from autograder.sandbox import Limits
 
     workdir = Path(workdir or tempfile.mkdtemp(prefix=f"grade-{assignment}-"))

@@ -57,27 +57,46 @@ class SafeFeedback(NbGraderPreprocessor):
     * test cells lose their hidden-test lines; when such a cell failed, its outputs are replaced by
       one line that says whether a visible or a hidden test failed and with which message, never
       the hidden code or a traceback through it;
-    * outputs that could run script in the page (HTML, JavaScript, SVG, widgets) become text;
+    * every output and message of every cell is checked for hidden test code
+      (:class:`autograder.execution.HiddenText`): student code can print the kernel's input history
+      or raise with its caller's source, and such an output is replaced by a note;
+    * outputs that could run script in the page (HTML, JavaScript, SVG, widgets) become text; cell
+      and notebook metadata the student controls (tags, widget state, titles) is dropped;
     * a summary cell at the top lists the score per exercise and what the grader did (repairs,
-      timeouts, restarted kernels, truncated output).
+      timeouts, restarted kernels, truncated output), as escaped HTML.
+
+    The rendered page is then sanitised as a whole (:func:`autograder.feedback.inert_page`).
     """
 
     def preprocess(self, nb, resources):
         self._scores: dict[str, list[float]] = {}
+        self._hidden = execution.HiddenText(
+            [cell.source for cell in nb.cells if cell.cell_type == "code" and _is_test(cell)]
+        )
+        notes = grading_notes(nb)
         nb, resources = super().preprocess(nb, resources)
-        nb.cells.insert(0, NotebookNode(cell_type="markdown", metadata={}, source=self._summary(nb, resources)))
+        nb.metadata = NotebookNode(
+            kernelspec=NotebookNode(name="python3", display_name="Python 3", language="python"),
+            language_info=NotebookNode(name="python", pygments_lexer="ipython3"),
+        )
+        summary = NotebookNode(
+            cell_type="raw", metadata=NotebookNode(raw_mimetype="text/html"), source=self._summary(notes, resources)
+        )
+        nb.cells.insert(0, summary)
         return nb, resources
 
     def preprocess_cell(self, cell, resources, cell_index):
         meta = cell.get("metadata", {}).get("nbgrader", {})
+        cell.metadata = NotebookNode(nbgrader=meta) if meta else NotebookNode()
+        cell.pop("attachments", None)
         if cell.cell_type == "code":
-            if meta.get("grade") and not meta.get("solution"):
+            if _is_test(cell):
                 cell = self._test_cell(cell)
                 score = meta.get("score")
                 entry = self._scores.setdefault(_exercise(meta.get("grade_id", "")), [0.0, 0.0])
                 entry[0] += float(score or 0)
                 entry[1] += float(meta.get("points") or 0)
-            cell.outputs = [_safe_output(output) for output in cell.outputs]
+            cell.outputs = [self._hidden.scrub_output(_safe_output(output)) for output in cell.outputs]
         return cell, resources
 
     def _test_cell(self, cell):
@@ -88,41 +107,54 @@ class SafeFeedback(NbGraderPreprocessor):
         cell.source = execution.without_hidden_tests(source)
         if errors:
             summary = execution.hidden_test_summary(errors[-1], source, cell.get("execution_count"))
+            summary = self._hidden.scrub_text(summary)
             cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=summary + "\n")]
         else:
             cell.outputs = []
         return cell
 
-    def _summary(self, nb, resources) -> str:
+    def _summary(self, notes: list[str], resources) -> str:
         info = resources.get("nbgrader", {})
         score, maximum = info.get("score"), info.get("max_score")
-        lines = ["## Grading summary", ""]
+        parts = ['<div class="autograder-summary"><h2>Grading summary</h2>']
         if score is not None and maximum is not None:
-            lines += [f"**Score: {_number(score)} / {_number(maximum)}**", ""]
+            parts.append(f"<p><strong>Score: {_number(score)} / {_number(maximum)}</strong></p>")
         if self._scores:
-            lines += ["| exercise | score |", "|---|---|"]
-            lines += [f"| {html.escape(ex)} | {_number(s)} / {_number(m)} |" for ex, (s, m) in self._scores.items()]
-            lines.append("")
-        notes = grading_notes(nb)
+            rows = "".join(
+                f"<tr><td>{html.escape(ex)}</td><td>{_number(s)} / {_number(m)}</td></tr>"
+                for ex, (s, m) in self._scores.items()
+            )
+            parts.append(f"<table><thead><tr><th>exercise</th><th>score</th></tr></thead><tbody>{rows}</tbody></table>")
         if notes:
-            lines += ["**What the grader did with your notebook:**", ""]
-            lines += [f"* {html.escape(note)}" for note in notes]
-            lines.append("")
-        lines.append(
-            "Test cells show their visible tests only. When a hidden test fails, the cell says so and shows the "
-            "test's message, never its code."
+            items = "".join(f"<li>{html.escape(self._hidden.scrub_text(note))}</li>" for note in notes)
+            parts.append(f"<p><strong>What the grader did with your notebook:</strong></p><ul>{items}</ul>")
+        parts.append(
+            "<p>Test cells show their visible tests only. When a hidden test fails, the cell says so and shows "
+            "the test's message, never its code.</p></div>"
         )
-        return "\n".join(lines)
+        return "\n".join(parts)
+
+
+def _is_test(cell) -> bool:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("grade")) and not meta.get("solution")
 
 
 def grading_notes(nb) -> list[str]:
     """What collect, repair and the grader did to a notebook, as sentences for the learner."""
     record = nb.metadata.get("autograder", {})
-    notes = list(record.get("collect", [])) + list(record.get("repair", [])) + list(record.get("grade", []))
-    for event in record.get("events", []):
-        where = event.get("grade_id") or f"#{event.get('cell')}"
-        notes.append(f"Cell {where}: {event.get('detail')}.")
+    if not isinstance(record, dict):
+        return []
+    notes = [str(note) for key in ("collect", "repair", "grade") for note in _as_list(record.get(key))]
+    for event in _as_list(record.get("events")):
+        if isinstance(event, dict):
+            where = event.get("grade_id") or f"#{event.get('cell')}"
+            notes.append(f"Cell {where}: {event.get('detail')}.")
     return notes
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else []
 
 
 def _exercise(grade_id: str) -> str:

@@ -568,7 +568,7 @@ def collect(
         if content is None:
             entry.reason = problem or "could not be read"
             report.unmatched.append(entry)
-            if entry.student and not problem.startswith(("an unsafe path", "a hidden file", "a symbolic link")):
+            if entry.student and not problem.startswith(("an unsafe path", "a hidden file")):
                 flag(entry.student, entry, entry.reason)
             continue
         if not entry.student:

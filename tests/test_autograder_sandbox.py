@@ -173,3 +173,83 @@ def test_regrading_replaces_the_scores(course):
 
     rows = {row["student"]: row for row in collect_grades(course, ASSIGNMENT).rows}
     assert rows["again"]["total"] == 2.0
+
+
+# --- two runs on one machine ----------------------------------------------------------------------
+
+HOLD = """
+import sys, time
+from autograder.sandbox import UidLease
+from autograder.course_dir import Course
+what = sys.argv[1]
+if what == "slots":
+    lease = UidLease(int(sys.argv[2]))
+    print(" ".join(map(str, lease.slots)), flush=True)
+else:
+    held = Course(sys.argv[2]).exclusive("grade tiny")
+    held.__enter__()
+    print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _holder(*args: str):
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    first = process.stdout.readline().strip()
+    return process, first
+
+
+def test_uid_slots_are_never_shared_between_runs(tmp_path, monkeypatch):
+    from autograder.sandbox import UidLease
+
+    monkeypatch.setenv("AUTOGRADER_LOCK_DIR", str(tmp_path / "locks"))
+    other, line = _holder("slots", "3")  # another run on this machine, in another process
+    try:
+        theirs = set(map(int, line.split()))
+        with UidLease(3) as first, UidLease(2) as second:
+            assert len(theirs) == 3 and len(set(first.slots)) == 3 and len(set(second.slots)) == 2
+            assert not theirs & set(first.slots) and not theirs & set(second.slots)
+            assert not set(first.slots) & set(second.slots)
+    finally:
+        other.communicate("\n")
+    with UidLease(3) as again:  # the other run ended: its slots are free again
+        assert set(again.slots) == {0, 1, 2}
+
+
+def test_a_second_run_on_the_same_course_refuses(course):
+    from autograder.course_dir import CourseBusy
+
+    other, line = _holder("course", str(course.root))
+    try:
+        assert line == "held"
+        with pytest.raises(CourseBusy, match="another autograder run is using the course"):
+            grade(course, ASSIGNMENT, ["nobody"], workers=1, sandbox="none")
+    finally:
+        other.communicate("\n")
+
+
+@needs_bwrap
+def test_two_runs_at_once_grade_with_different_uids(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("AUTOGRADER_LOCK_DIR", str(tmp_path / "locks"))
+    courses = [tiny_course(tmp_path / f"course{n}") for n in range(2)]
+    for course_n in courses:
+        submit(course_n, "good", CORRECT)
+    results: dict[int, list] = {}
+    threads = [
+        threading.Thread(target=lambda n=n: results.update({n: grade(courses[n], ASSIGNMENT, ["good"], workers=1)}))
+        for n in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    uids = {results[n][0].uid for n in range(2)}
+    assert len(uids) == 2 and all(uid >= SANDBOX_UID_BASE for uid in uids), uids
+    assert all(results[n][0].grades[NAME]["ex1_1_add"]["auto_score"] == 1.0 for n in range(2))

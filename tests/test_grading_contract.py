@@ -16,7 +16,7 @@ import pytest
 
 from autograder import notebooks
 from autograder.config import assignments
-from autograder.grading import autograde
+from autograder.throwaway import autograde
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "answers"

@@ -16,7 +16,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from autograder import notebooks
-from autograder.pipeline import Course, grade
+from autograder.course_dir import Course
+from autograder.pipeline import grade
 from autograder.sandbox import SANDBOX_UID_BASE, Limits, bwrap_problem
 
 ASSIGNMENT = "tiny"

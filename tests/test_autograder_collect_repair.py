@@ -272,10 +272,12 @@ def malformed(release, kind: str) -> bytes:
         data["metadata"]["autograder"] = "<a href='javascript:alert(1)'>grade: 1000</a>"
     elif kind == "cells-object":
         data["cells"] = {"0": data["cells"][0]}
+    elif kind == "grade-id-list":
+        graded["metadata"]["nbgrader"]["grade_id"] = ["ex1_4"]
     return json.dumps(data).encode()
 
 
-@pytest.mark.parametrize("kind", ["nbgrader-string", "source-number", "autograder-string"])
+@pytest.mark.parametrize("kind", ["nbgrader-string", "source-number", "autograder-string", "grade-id-list"])
 def test_malformed_but_mendable_notebooks_are_collected_and_repaired(course_root, release, tmp_path, kind):
     from autograder.course_dir import Course
     from autograder.pipeline import repair_submissions

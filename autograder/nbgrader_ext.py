@@ -5,6 +5,7 @@ hidden tests hidden. Configured by :func:`autograder.sandbox.nbgrader_settings` 
 from __future__ import annotations
 
 import html
+import re
 
 from nbformat import NotebookNode
 from nbgrader import utils
@@ -63,7 +64,7 @@ class SafeFeedback(NbGraderPreprocessor):
     * outputs that could run script in the page (HTML, JavaScript, SVG, widgets) become text; cell
       and notebook metadata the student controls (tags, widget state, titles) is dropped;
     * a summary cell at the top lists the score per exercise and what the grader did (repairs,
-      timeouts, restarted kernels, truncated output), as escaped HTML.
+      timeouts, restarted kernels, truncated output), its notes escaped so they stay plain text.
 
     The rendered page is then sanitised as a whole (:func:`autograder.feedback.inert_page`).
     """
@@ -79,9 +80,7 @@ class SafeFeedback(NbGraderPreprocessor):
             kernelspec=NotebookNode(name="python3", display_name="Python 3", language="python"),
             language_info=NotebookNode(name="python", pygments_lexer="ipython3"),
         )
-        summary = NotebookNode(
-            cell_type="raw", metadata=NotebookNode(raw_mimetype="text/html"), source=self._summary(notes, resources)
-        )
+        summary = NotebookNode(cell_type="markdown", metadata=NotebookNode(), source=self._summary(notes, resources))
         nb.cells.insert(0, summary)
         return nb, resources
 
@@ -116,23 +115,27 @@ class SafeFeedback(NbGraderPreprocessor):
     def _summary(self, notes: list[str], resources) -> str:
         info = resources.get("nbgrader", {})
         score, maximum = info.get("score"), info.get("max_score")
-        parts = ['<div class="autograder-summary"><h2>Grading summary</h2>']
+        lines = ["## Grading summary", ""]
         if score is not None and maximum is not None:
-            parts.append(f"<p><strong>Score: {_number(score)} / {_number(maximum)}</strong></p>")
+            lines += [f"**Score: {_number(score)} / {_number(maximum)}**", ""]
         if self._scores:
-            rows = "".join(
-                f"<tr><td>{html.escape(ex)}</td><td>{_number(s)} / {_number(m)}</td></tr>"
-                for ex, (s, m) in self._scores.items()
-            )
-            parts.append(f"<table><thead><tr><th>exercise</th><th>score</th></tr></thead><tbody>{rows}</tbody></table>")
+            lines += ["| exercise | score |", "|---|---|"]
+            lines += [f"| {_plain(ex)} | {_number(s)} / {_number(m)} |" for ex, (s, m) in self._scores.items()]
+            lines.append("")
         if notes:
-            items = "".join(f"<li>{html.escape(self._hidden.scrub_text(note))}</li>" for note in notes)
-            parts.append(f"<p><strong>What the grader did with your notebook:</strong></p><ul>{items}</ul>")
-        parts.append(
-            "<p>Test cells show their visible tests only. When a hidden test fails, the cell says so and shows "
-            "the test's message, never its code.</p></div>"
+            lines += ["**What the grader did with your notebook:**", ""]
+            lines += [f"* {_plain(self._hidden.scrub_text(note))}" for note in notes]
+            lines.append("")
+        lines.append(
+            "Test cells show their visible tests only. When a hidden test fails, the cell says so and shows the "
+            "test's message, never its code."
         )
-        return "\n".join(parts)
+        return "\n".join(lines)
+
+
+def _plain(text: str) -> str:
+    """``text`` as literal markdown: no HTML, and no markdown syntax (links, emphasis, code) of its own."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", html.escape(" ".join(str(text).split()), quote=False))
 
 
 def _is_test(cell) -> bool:

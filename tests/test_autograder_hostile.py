@@ -6,6 +6,9 @@ read the solutions, write the gradebook or reach the network). They are zipped l
 (with a few files that must not be collected) and graded in one `autograder run`; every case must
 get its exact expected score and its expected feedback line, no feedback may show a hidden test,
 the host must receive no connection, and the gradebook must hold nothing but the merged scores.
+Damaged files (malformed JSON shapes, a bad CRC, a symbolic link) must not stop the run: their
+students get 0 and "needs manual grading". The run's limits are scaled by the machine's load
+(:func:`load_factor`), so a loaded CI machine gives the same scores.
 
 To keep the suite fast, the assignment is module 1 reduced to what its exercises need (the setup
 cell, the imports cell, the answer and test cells, the prose), built from solutions/ here: the real

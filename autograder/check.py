@@ -229,6 +229,7 @@ def check_notebook(
         cell = nb.cells[event["cell"]] if 0 <= event["cell"] < len(nb.cells) else None
         where = notebooks.grade_id(cell) if cell is not None else None
         report.notes.append(f"cell {where or event['cell']}: {event['detail']}")
+    hidden = execution.HiddenText(list(full_tests.values()))
     for cell in nb.cells:
         if not notebooks.is_test_cell(cell):
             continue
@@ -236,6 +237,7 @@ def check_notebook(
         score = execution.cell_score(cell, points)
         errors = [o for o in cell.outputs if o.get("output_type") == "error"]
         message = execution.hidden_test_summary(errors[-1], cell.source, cell.get("execution_count")) if errors else ""
+        message = hidden.scrub_text(message)
         report.tests.append(TestResult(notebooks.grade_id(cell), points, score, message))
     return report
 

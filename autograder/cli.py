@@ -8,6 +8,11 @@ autograder feedback ASSIGNMENT          one HTML report per student, hidden test
 autograder export ASSIGNMENT            grades.csv and a per-exercise summary.csv
 autograder run ASSIGNMENT SUBMISSIONS   all of the above in one go
 autograder check NOTEBOOK               self-grading for learners: visible and hidden tests, no gradebook
+
+Exit status (the same convention as the ``course`` command): 0 when the step did its work (students
+whose notebooks need manual grading are a result, listed in the output and grades.csv, not an
+error); 2 on an error: bad input (a missing or damaged download, a bad --pattern, nothing to
+collect), a missing release, another run holding the course; argparse's usage errors are 2 as well.
 """
 
 from __future__ import annotations
@@ -18,6 +23,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 GiB = 2**30
+EXIT_ERROR = 2  # as `course`: errors and bad input exit 2, argparse's usage errors too
+DUPLICATES_RULE = (
+    "Duplicates: when a student has several files for one notebook, the one with the latest LMS timestamp "
+    "is graded (the time in a Blackboard file name or Gradescope's metadata, else the time stored in the zip "
+    "or the file's modification time); the others are listed as superseded. Two files with the same latest "
+    "time are a tie: the one whose path sorts last is graded and the student is marked for manual grading "
+    "with both paths named; a tie is never resolved silently or by zip order."
+)
+IDS_RULE = (
+    "Student ids keep the LMS's user id where the download has one (Moodle's participant id, Canvas's user "
+    "id, Blackboard's username, Gradescope's student id or e-mail): <name>_<id>. Names keep their Unicode "
+    "letters (NFC-normalised, never transliterated) in lower case; an id without an LMS user id that lost "
+    "anything of the exact name (case, spaces, punctuation, length) ends in a hash of that name, so 'Alice' "
+    "and 'alice', or two long names with the same beginning, stay two students."
+)
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -27,7 +47,7 @@ def _release(args: argparse.Namespace) -> int:
         touched, released = release(args.root, args.assignments or None, args.db_url)
     except ReleaseError as err:
         print(f"autograder release: {err}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     for path in touched:
         print(f"cleaned source notebook {path}")
     for path in released:
@@ -36,7 +56,7 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _course(args: argparse.Namespace):
-    from autograder.pipeline import Course
+    from autograder.course_dir import Course
 
     return Course(args.root, db_url=getattr(args, "db_url", None))
 
@@ -54,17 +74,22 @@ def _collect(args: argparse.Namespace) -> int:
     from autograder.collect import collect
 
     course = _course(args)
-    report = collect(args.submissions, course.root, _assignments(args, course), args.pattern, progress=True)
+    with course.exclusive("collect"):
+        report = collect(args.submissions, course.root, _assignments(args, course), args.pattern, progress=True)
     print(report.table())
     print(f"report: {course.grading / 'collect-report.json'}")
-    return 0 if report.collected else 1
+    if not report.collected and not report.manual:
+        print("autograder collect: no notebook of these assignments was found (see the report)", file=sys.stderr)
+        return EXIT_ERROR
+    return 0
 
 
 def _repair(args: argparse.Namespace) -> int:
     from autograder.pipeline import repair_submissions
 
     course = _course(args)
-    done = repair_submissions(course, args.assignment, args.student or None, progress=True)
+    with course.exclusive(f"repair {args.assignment}"):
+        done = repair_submissions(course, args.assignment, args.student or None, progress=True)
     for student, notes in done.items():
         print(f"{student}: " + ("; ".join(notes) if notes else "nothing to repair"))
     return 0
@@ -133,17 +158,17 @@ def _run(args: argparse.Namespace) -> int:
     from autograder.collect import collect
 
     course = _course(args)
-    report = collect(args.submissions, course.root, [args.assignment], args.pattern, progress=True)
-    print(report.table())
-    if not report.collected:
-        print("nothing to grade", file=sys.stderr)
-        return 1
-    students = sorted({entry.student for entry in report.collected})
-    args.student = students
-    for step in (_repair, _grade, _feedback, _export):
-        code = step(args)
-        if code:
-            return code
+    with course.exclusive(f"run {args.assignment}"):
+        report = collect(args.submissions, course.root, [args.assignment], args.pattern, progress=True)
+        print(report.table())
+        if not report.collected and not report.manual:
+            print("autograder run: nothing to grade (see the collect report)", file=sys.stderr)
+            return EXIT_ERROR
+        args.student = sorted({entry.student for entry in report.collected} | set(report.manual))
+        for step in (_repair, _grade, _feedback, _export):
+            code = step(args)
+            if code:
+                return code
     return 0
 
 
@@ -154,7 +179,7 @@ def _check(args: argparse.Namespace) -> int:
         report = check_notebook(args.notebook, source=args.source, timeout=args.timeout)
     except (LookupError, ValueError, OSError) as err:
         print(f"autograder check: {err}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     print(report.table())
     return 0
 
@@ -212,7 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Instructor tools of the LLM serving course: release, collect, repair, grade, feedback, "
         "export; and `check` for learners.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="A class in one go: autograder run m1_prefill_decode submissions.zip",
+        epilog="A class in one go: autograder run m1_prefill_decode submissions.zip\n\n"
+        "Exit status: 0 when the step did its work (students needing manual grading are listed, not an error); "
+        "2 on errors and bad input, as the `course` command.",
     )
     parser.add_argument("--root", type=Path, default=None, help="nbgrader course root (default: this checkout)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -234,16 +261,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Find every notebook in SUBMISSIONS (a zip, nested zips, or a folder), take the student id "
         "from its path with --pattern, recognise its assignment by the marker comments of its graded cells "
         "(any file name: 'Copy of ...', 'name (1).ipynb', Colab's), and copy it under its canonical name. "
-        "Unmatched files are listed with the reason in grading/collect-report.json.",
+        "Every entry of the download is listed in grading/collect-report.json: collected, superseded, or skipped "
+        "with the reason; a student whose file could not be read is marked for manual grading. "
+        + IDS_RULE
+        + " "
+        + DUPLICATES_RULE,
     )
     col.add_argument("submissions", type=Path, help="LMS download: a .zip file or a folder")
     col.add_argument("--assignment", action="append", help="only this assignment (repeatable; default: all)")
     col.add_argument(
         "--pattern",
         default="auto",
-        help="student id from the path: a regex with a named group 'student' applied to the path inside the "
-        "download, or a preset: moodle, canvas, folder (first folder), file (file name up to the first _ or "
-        "space), auto (try those in that order; default)",
+        help="student id from the path: a preset, or a regex applied to the path inside the download with a "
+        "named group 'student' (a name) and/or 'id' (the LMS's user id), optionally 'time' (YYYY-MM-DD-HH-MM-SS). "
+        "Presets: gradescope (submission_metadata.yml), moodle ('Name_<participant id>_assignsubmission_file_'), "
+        "canvas ('lastfirst[_LATE]_<user id>_<attachment id>_file'), blackboard "
+        "('<assignment>_<username>_attempt_<time>_file'), folder (first folder), file (file name up to the first "
+        "_, - or space), auto (try those in that order; default)",
     )
     col.set_defaults(run=_collect)
 
@@ -300,7 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="collect, repair, grade, feedback and export in one go",
-        description="autograder collect + repair + grade + feedback + export for one assignment.",
+        description="autograder collect + repair + grade + feedback + export for one assignment. Students whose "
+        "files could not be read are graded 0 and marked for manual grading; a damaged file never stops the class. "
+        + DUPLICATES_RULE,
     )
     run.add_argument("assignment")
     run.add_argument("submissions", type=Path, help="LMS download: a .zip file or a folder")
@@ -329,9 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (RuntimeError, FileNotFoundError, ValueError) as err:
+    except (RuntimeError, FileNotFoundError, ValueError, OSError) as err:
         print(f"autograder {args.command}: {err}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -1,48 +1,81 @@
 """``autograder collect``: put submissions from an LMS download (zip or folder) where nbgrader wants them.
 
-LMS downloads name files after students in their own ways (Moodle: a folder per student
-``Jane Doe_12345_assignsubmission_file_/``; Canvas: ``doejane_12345_6789012_prefill_decode.ipynb``;
-a plain folder per student), and students name notebooks in theirs (``Copy of prefill_decode.ipynb``,
-``prefill_decode (1).ipynb``, ``Untitled3.ipynb``). The student id comes from the path through a
-regular expression with a named group ``student`` (presets below, or your own). Which assignment
-and notebook a file is comes from its *content*: the marker comments of its graded cells are matched
-against every release notebook, so a renamed notebook still lands in the right place. A file name
-is only used when a notebook has no markers left.
+Who a file belongs to comes from its path (or, for Gradescope, from the export's
+``submission_metadata.yml``). The presets know the LMS downloads' own formats and keep the LMS's
+user id, so two people with the same name never merge:
 
-Each accepted notebook is copied unchanged to ``submitted/<student>/<assignment>/<notebook>.ipynb``
-(the canonical name, with a ``timestamp.txt``) and, as received, to
-``grading/<assignment>/received/<student>/``. Everything that could not be matched is listed in
-the report (``grading/collect-report.json``) with the reason.
+* Moodle: a folder (or file name prefix) ``Full Name_<participant id>_assignsubmission_file_``;
+* Canvas: ``lastfirst[_LATE]_<user id>_<attachment id>_<file name>``;
+* Blackboard: ``<assignment>_<username>_attempt_<YYYY-MM-DD-HH-MM-SS>_<file name>`` (the attempt's
+  time is the submission time);
+* Gradescope: ``submission_<id>/`` folders, mapped to the submitter (student id, else e-mail) and
+  submission time by ``submission_metadata.yml``;
+* a plain folder per student, or a file name prefix.
+
+Student ids (:func:`student_id`) keep Unicode names (NFC-normalised, never transliterated) and are
+lower case; an id with an LMS user id is ``<name>_<user id>``; an id without one gets a short hash
+of the exact name whenever making it safe lost anything (case, spaces, punctuation, length), so
+``Alice`` and ``alice`` stay two students.
+
+Which assignment and notebook a file is comes from its *content*: the marker comments of its graded
+cells are matched against every release notebook, so a renamed notebook still lands in the right
+place. A file name is only used when a notebook has no markers left.
+
+**Duplicates**: when one student has several files for one notebook, the one with the latest LMS
+timestamp wins (the time in a Blackboard name or Gradescope's metadata, else the time stored in the
+zip or the file's modification time); the others are listed as superseded. Two files with the same
+latest time are a tie: the one whose path sorts last is graded, and the student is marked for
+manual grading with both paths named, never resolved silently (and never by zip order).
+
+Every entry of the input appears in the report (``grading/collect-report.json``): collected,
+superseded, or skipped with the reason (not a notebook, a folder, a hidden or unsafe path, a
+symbolic link (never followed), too large, damaged, unreadable). A student whose file could not be
+read or parsed is marked for manual grading (``grading/<assignment>/flags.json``). Zip members are
+read one at a time with a size bound per member and per archive, so no download can fill memory.
 """
 
 from __future__ import annotations
 
-import io
+import hashlib
 import json
+import os
 import re
+import shutil
+import stat
+import tempfile
 import unicodedata
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 
 from autograder import repair
+from autograder.course_dir import Course
 
 PRESETS = {
-    "moodle": r"^(?:[^/]*/)*?(?P<student>[^/]+?)_\d+_assign(?:submission|feedback)_(?:file|onlinetext)_?/",
-    "canvas": r"(?:^|/)(?P<student>[a-z0-9]+)_(?:late_)?\d+_\d+_[^/]+$",
+    "moodle": r"^(?:[^/]*/)*?(?P<student>[^/]+?)_(?P<id>\d+)_assign(?:submission|feedback)_"
+    r"(?:file|onlinetext)(?:_?/|_)",
+    "canvas": r"(?:^|/)(?P<student>[^/_]+)_(?:late_)?(?P<id>\d+)_\d+_[^/]+$",
+    "blackboard": r"(?:^|/)[^/]*?_(?P<id>[^/_]+)_attempt_(?P<time>\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)(?:_[^/]*)?$",
     "folder": r"^(?P<student>[^/]+)/",
-    "file": r"(?:^|/)(?P<student>[A-Za-z0-9.]+)[_ -][^/]+$",
+    "file": r"(?:^|/)(?P<student>[^/_ -]+)[_ -][^/]+$",
 }
-AUTO_ORDER = ("moodle", "canvas", "folder", "file")
-MAX_FILE_BYTES = 100 * 2**20
+AUTO_ORDER = ("gradescope", "moodle", "canvas", "blackboard", "folder", "file")
+GRADESCOPE_METADATA = "submission_metadata.yml"
+MAX_FILE_BYTES = 100 * 2**20  # one member or file; a course notebook with outputs is a few MB
+MAX_ARCHIVE_BYTES = 4 * 2**30  # everything read from one download, nested zips included
+MAX_ZIP_DEPTH = 2
+MAX_ID_CHARS = 64
 MIN_MARKER_SHARE = 0.3  # a notebook must carry this share of a release notebook's graded cells to match it
+# Words of notebook file names that the "file" preset must not take for a student ("Copy of x.ipynb").
+NOT_NAMES = {"copy", "untitled", "submission", "notebook"}
 
 
 @dataclass
 class Entry:
-    """One file of the input and what became of it."""
+    """One entry of the input and what became of it."""
 
     source: str  # path inside the zip or folder
     student: str | None = None
@@ -50,18 +83,20 @@ class Entry:
     notebook: str | None = None
     path: str | None = None  # where it was written (submitted/...)
     reason: str = ""  # why it was not collected, or how it was matched
+    time: str | None = None  # the submission time used to order duplicates
 
 
 @dataclass
 class CollectReport:
     collected: list[Entry] = field(default_factory=list)
-    unmatched: list[Entry] = field(default_factory=list)
+    unmatched: list[Entry] = field(default_factory=list)  # skipped, with the reason
     superseded: list[Entry] = field(default_factory=list)  # older duplicates of a collected notebook
+    manual: dict[str, list[str]] = field(default_factory=dict)  # student -> why they need manual grading
 
     def to_json(self) -> dict:
-        return {
-            key: [asdict(entry) for entry in getattr(self, key)] for key in ("collected", "unmatched", "superseded")
-        }
+        data = {key: [asdict(e) for e in getattr(self, key)] for key in ("collected", "unmatched", "superseded")}
+        data["manual"] = self.manual
+        return data
 
     def table(self) -> str:
         lines = [
@@ -74,86 +109,365 @@ class CollectReport:
         if self.superseded:
             lines.append(f"ignored {len(self.superseded)} older duplicate(s):")
             lines += [f"  {e.source}  ({e.reason})" for e in self.superseded]
-        if self.unmatched:
-            lines.append(f"could not match {len(self.unmatched)} file(s):")
-            lines += [f"  {e.source}: {e.reason}" for e in self.unmatched]
+        folders = [e for e in self.unmatched if e.reason == FOLDER]
+        skipped = [e for e in self.unmatched if e.reason != FOLDER]
+        if skipped:
+            lines.append(f"skipped {len(skipped)} file(s):")
+            lines += [f"  {e.source}: {e.reason}" for e in skipped]
+        if folders:
+            lines.append(f"({len(folders)} folder entries of the zip: listed in the report)")
+        if self.manual:
+            lines.append(f"{len(self.manual)} student(s) marked for manual grading:")
+            lines += [f"  {student}: {'; '.join(reasons)}" for student, reasons in sorted(self.manual.items())]
         return "\n".join(lines)
 
 
-def student_id(text: str) -> str:
-    """A safe nbgrader student id from a name or login: ASCII letters, digits, '.', '_' and '-'."""
-    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", ascii_text.strip()).strip("._-").lower()
-    return slug[:64]
+FOLDER = "a folder"
 
 
-def compile_pattern(pattern: str) -> list[re.Pattern]:
-    """The student-id expressions to try: a preset name, "auto", or a regex with a named group 'student'."""
+# --- student ids ----------------------------------------------------------------------------------
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def student_id(name: str, lms_id: str | None = None) -> str:
+    """A safe nbgrader student id that never merges two people; "" when there is nothing to go on.
+
+    ``name`` is NFC-normalised (Unicode kept, not transliterated), runs of characters other than
+    letters, digits, ``.``, ``_`` and ``-`` become ``_``, and the result is lower case. With an LMS
+    user id the id is ``<name>_<user id>`` (the user id makes it unique). Without one, an id that
+    lost anything of the exact name (case, spaces, punctuation, length) ends in ``-`` and a hash of
+    the exact name.
+    """
+    text = " ".join(unicodedata.normalize("NFC", name or "").split())
+    slug = re.sub(r"[^\w.-]+", "_", text).strip("._-").lower()
+    if lms_id:
+        uid = re.sub(r"[^\w.@-]+", "_", unicodedata.normalize("NFC", lms_id)).strip("._-").lower()
+        if uid:
+            if len(uid) > MAX_ID_CHARS - 9:
+                uid = f"{uid[: MAX_ID_CHARS - 18]}-{_digest(lms_id)}"
+            room = MAX_ID_CHARS - len(uid) - 1
+            return f"{slug[:room].rstrip('._-')}_{uid}" if slug and room > 0 else uid
+    if not text:
+        return ""
+    lossless = slug == text and len(slug) <= MAX_ID_CHARS and not re.search(r"-[0-9a-f]{8}$", slug)
+    if lossless:
+        return slug
+    return f"{slug[: MAX_ID_CHARS - 9].rstrip('._-') or 'student'}-{_digest(text)}"
+
+
+def compile_pattern(pattern: str) -> list[tuple[str, re.Pattern | None]]:
+    """The student-id expressions to try: a preset name, "auto", or a regex with a named group 'student'.
+
+    A regex may also have a group ``id`` (the LMS's user id) and ``time`` (``YYYY-MM-DD-HH-MM-SS``).
+    """
     if pattern == "auto":
-        return [re.compile(PRESETS[name], re.IGNORECASE) for name in AUTO_ORDER]
-    if pattern in PRESETS:
-        return [re.compile(PRESETS[pattern], re.IGNORECASE)]
+        return [(name, _preset(name)) for name in AUTO_ORDER]
+    if pattern == "gradescope" or pattern in PRESETS:
+        return [(pattern, _preset(pattern))]
     try:
         compiled = re.compile(pattern)
     except re.error as err:
         raise ValueError(f"--pattern {pattern!r} is not a valid regular expression: {err}") from None
-    if "student" not in compiled.groupindex:
-        raise ValueError(f"--pattern {pattern!r} needs a named group for the student id, e.g. '^(?P<student>[^/]+)/'")
-    return [compiled]
+    if not {"student", "id"} & set(compiled.groupindex):
+        raise ValueError(
+            f"--pattern {pattern!r} needs a named group for the student id, e.g. '^(?P<student>[^/]+)/' "
+            "(and optionally (?P<id>...) for the LMS's user id)"
+        )
+    return [("custom", compiled)]
 
 
-def find_student(path: str, patterns: list[re.Pattern]) -> str | None:
-    for compiled in patterns:
+def _preset(name: str) -> re.Pattern | None:
+    return None if name == "gradescope" else re.compile(PRESETS[name], re.IGNORECASE)
+
+
+@dataclass
+class Identity:
+    student: str
+    time: datetime | None = None  # the LMS's submission time, when the path or metadata has one
+
+
+def find_student(
+    path: str,
+    patterns: list[tuple[str, re.Pattern | None]],
+    gradescope: dict[str, Identity] | None = None,
+    reserved: set[str] = frozenset(),
+) -> Identity | None:
+    """Who submitted the file at ``path``, by the first pattern that gives an id."""
+    for name, compiled in patterns:
+        if compiled is None:  # gradescope: the folder submission_<id>/ names a row of the metadata
+            for part in PurePosixPath(path).parts[:-1]:
+                if gradescope and part in gradescope:
+                    return gradescope[part]
+            continue
         match = compiled.search(path)
-        if match and match.group("student") and student_id(match.group("student")):
-            return student_id(match.group("student"))
+        if not match:
+            continue
+        groups = match.groupdict()
+        raw = groups.get("student") or ""
+        if name == "file" and (raw.lower() in NOT_NAMES or raw.lower() in reserved):
+            continue
+        sid = student_id(raw, groups.get("id"))
+        if sid:
+            when = None
+            if groups.get("time"):
+                try:
+                    when = datetime.strptime(groups["time"], "%Y-%m-%d-%H-%M-%S")
+                except ValueError:
+                    when = None
+            return Identity(sid, when)
     return None
 
 
-def iter_files(source: Path) -> Iterator[tuple[str, bytes | None, datetime, str]]:
-    """(relative path, content or None when too large, modification time, problem) of every file."""
+def gradescope_identities(text: str) -> dict[str, Identity]:
+    """submission folder -> submitter, from a Gradescope export's ``submission_metadata.yml``.
+
+    The file maps ``submission_<id>`` to ``:submitters:`` (each with ``:name:``, ``:sid:``,
+    ``:email:``) and ``:created_at:``. A group submission is attributed to its first submitter.
+    """
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"{GRADESCOPE_METADATA} is not valid YAML: {err}") from None
+    found: dict[str, Identity] = {}
+    for folder, record in (data or {}).items() if isinstance(data, dict) else []:
+        if not isinstance(record, dict):
+            continue
+        submitters = record.get(":submitters") or record.get("submitters") or []
+        first = submitters[0] if isinstance(submitters, list) and submitters and isinstance(submitters[0], dict) else {}
+        name = str(first.get(":name") or first.get("name") or "")
+        uid = first.get(":sid") or first.get("sid") or first.get(":email") or first.get("email")
+        sid = student_id(name, str(uid) if uid else None)
+        if not sid:
+            continue
+        created = record.get(":created_at") or record.get("created_at")
+        when = None
+        if isinstance(created, datetime):
+            when = created.replace(tzinfo=None) if created.tzinfo is None else created.astimezone().replace(tzinfo=None)
+        elif isinstance(created, str):
+            try:
+                parsed = datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", created.strip()).replace(" -", "-"))
+                when = parsed.astimezone().replace(tzinfo=None) if parsed.tzinfo else parsed
+            except ValueError:
+                when = None
+        found[str(folder)] = Identity(sid, when)
+    return found
+
+
+# --- reading the input, one member at a time -------------------------------------------------------
+
+
+class _Budget:
+    """Bytes still allowed to be read from one download (nested zips included)."""
+
+    def __init__(self, limit: int):
+        self.left = limit
+
+    def take(self, count: int) -> None:
+        self.left -= count
+        if self.left < 0:
+            raise _TooLarge(f"the download is over the {_mib(MAX_ARCHIVE_BYTES)} MiB read limit")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:,.0f}"
+
+
+# What reading a damaged member raises: bad CRC (BadZipFile), broken deflate (zlib.error), truncated
+# data (EOFError), unknown compression (NotImplementedError), encryption (RuntimeError).
+_READ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, OSError, ValueError)
+
+
+def _read_bounded(handle, budget: _Budget, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        chunk = handle.read(min(2**20, limit + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        budget.take(len(chunk))
+        if size > limit:
+            raise _TooLarge(f"larger than {limit / 2**20:g} MiB")
+        chunks.append(chunk)
+
+
+def _skip_reason(rel: str) -> str:
+    """Why a path is not even looked at ("" when it is)."""
+    posix = rel.replace("\\", "/")
+    parts = PurePosixPath(posix).parts
+    if posix.startswith("/") or re.match(r"^[A-Za-z]:", posix) or ".." in parts:
+        return "an unsafe path (absolute or with ..): not collected"
+    if any(part.startswith(".") or part == "__MACOSX" for part in parts):
+        return "a hidden file or folder (., __MACOSX): not collected"
+    return ""
+
+
+def iter_files(source: Path) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
+    """(relative path, content or None, modification time, why it was skipped) of every entry.
+
+    Content is read only for notebooks, one at a time, each bounded by ``MAX_FILE_BYTES`` and all of
+    them by ``MAX_ARCHIVE_BYTES``; nested zips are opened up to ``MAX_ZIP_DEPTH`` deep.
+    """
     source = Path(source)
+    budget = _Budget(MAX_ARCHIVE_BYTES)
     if source.is_file() and zipfile.is_zipfile(source):
-        with zipfile.ZipFile(source) as archive:
-            yield from _iter_zip(archive, "", 0)
+        try:
+            archive = zipfile.ZipFile(source)
+        except (zipfile.BadZipFile, OSError) as err:
+            raise ValueError(f"{source} is a damaged zip file: {err}") from None
+        with archive:
+            yield from _iter_zip(archive, "", 0, budget)
     elif source.is_dir():
-        for path in sorted(p for p in source.rglob("*") if p.is_file()):
-            rel = path.relative_to(source).as_posix()
-            if _skipped(rel):
-                continue
-            mtime = datetime.fromtimestamp(path.stat().st_mtime)
-            if rel.lower().endswith(".zip") and zipfile.is_zipfile(path):
-                with zipfile.ZipFile(path) as archive:
-                    yield from _iter_zip(archive, rel[:-4] + "/", 1)
-            elif path.stat().st_size > MAX_FILE_BYTES:
-                yield rel, None, mtime, "file too large"
-            else:
-                yield rel, path.read_bytes(), mtime, ""
+        yield from _iter_folder(source, budget)
+    elif source.is_file():
+        raise ValueError(f"{source} is not a zip file or a folder of submissions")
     else:
         raise FileNotFoundError(f"{source} is neither a zip file nor a folder of submissions")
 
 
-def _skipped(rel: str) -> bool:
-    parts = PurePosixPath(rel).parts
-    return any(part.startswith(".") or part == "__MACOSX" for part in parts)
+def _iter_folder(source: Path, budget: _Budget) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
+    for top, dirs, files in os.walk(source, followlinks=False):
+        dirs.sort()
+        for name in sorted(dirs):
+            if os.path.islink(os.path.join(top, name)):  # os.walk lists it but never enters it
+                yield _rel(source, top, name), None, None, "a symbolic link: not followed"
+        for name in sorted(files):
+            path = os.path.join(top, name)
+            rel = _rel(source, top, name)
+            info = os.lstat(path)
+            mtime = datetime.fromtimestamp(info.st_mtime)
+            problem = _skip_reason(rel)
+            if stat.S_ISLNK(info.st_mode):
+                yield rel, None, mtime, "a symbolic link: not followed"
+            elif not stat.S_ISREG(info.st_mode):
+                yield rel, None, mtime, "not a regular file"
+            elif problem:
+                yield rel, None, mtime, problem
+            elif rel.lower().endswith(".zip"):
+                opener = lambda p=path: open(p, "rb")  # noqa: E731, SIM115 (closed by _iter_nested)
+                yield from _iter_nested(rel, opener, mtime, 1, budget)
+            elif not rel.lower().endswith(".ipynb"):
+                yield rel, None, mtime, "not a notebook (.ipynb)"
+            else:
+                try:
+                    with open(path, "rb") as handle:
+                        yield rel, _read_bounded(handle, budget, MAX_FILE_BYTES), mtime, ""
+                except _TooLarge as err:
+                    yield rel, None, mtime, f"too large to collect: {err}"
+                except OSError as err:
+                    yield rel, None, mtime, f"could not be read: {err.strerror or err}"
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
 
 
-def _iter_zip(archive: zipfile.ZipFile, prefix: str, depth: int) -> Iterator[tuple[str, bytes | None, datetime, str]]:
+def _rel(source: Path, top: str, name: str) -> str:
+    return Path(os.path.relpath(os.path.join(top, name), source)).as_posix()
+
+
+def _is_symlink(info: zipfile.ZipInfo) -> bool:
+    return info.create_system == 3 and stat.S_ISLNK(info.external_attr >> 16)
+
+
+def _iter_zip(
+    archive: zipfile.ZipFile, prefix: str, depth: int, budget: _Budget
+) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
     for info in archive.infolist():
-        if info.is_dir() or _skipped(info.filename):
-            continue
         rel = prefix + info.filename
-        mtime = datetime(*info.date_time)
-        if info.file_size > MAX_FILE_BYTES:
-            yield rel, None, mtime, "file too large"
-        elif info.filename.lower().endswith(".zip") and depth < 2:
-            try:
-                with zipfile.ZipFile(io.BytesIO(archive.read(info))) as inner:
-                    yield from _iter_zip(inner, rel[:-4] + "/", depth + 1)
-            except zipfile.BadZipFile:
-                yield rel, None, mtime, "a damaged zip file"
+        try:
+            mtime = datetime(*info.date_time)
+        except ValueError:
+            mtime = None
+        problem = _skip_reason(info.filename)
+        if info.is_dir():
+            yield rel, None, mtime, problem or FOLDER
+        elif problem:
+            yield rel, None, mtime, problem
+        elif _is_symlink(info):
+            yield rel, None, mtime, "a symbolic link: not followed"
+        elif budget.left <= 0:
+            yield rel, None, mtime, f"not read: the download is over the {_mib(MAX_ARCHIVE_BYTES)} MiB read limit"
+        elif info.filename.lower().endswith(".zip"):
+            yield from _iter_nested(rel, lambda i=info: archive.open(i), mtime, depth + 1, budget)
+        elif not info.filename.lower().endswith(".ipynb"):
+            yield rel, None, mtime, "not a notebook (.ipynb)"
+        elif info.file_size > MAX_FILE_BYTES:
+            yield rel, None, mtime, f"too large to collect: larger than {MAX_FILE_BYTES / 2**20:g} MiB"
         else:
-            yield rel, archive.read(info), mtime, ""
+            try:
+                with archive.open(info) as handle:
+                    content = _read_bounded(handle, budget, MAX_FILE_BYTES)
+            except _TooLarge as err:
+                yield rel, None, mtime, f"too large to collect: {err}"
+            except _READ_ERRORS as err:
+                yield rel, None, mtime, f"damaged in the zip, could not be read ({type(err).__name__}: {err})"
+            else:
+                yield rel, content, mtime, ""
+
+
+def _iter_nested(
+    rel: str, opener, mtime: datetime | None, depth: int, budget: _Budget
+) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
+    """A zip inside the download (a student's own, or one per student): spooled to disk, then read."""
+    if depth > MAX_ZIP_DEPTH:
+        yield rel, None, mtime, f"a zip nested more than {MAX_ZIP_DEPTH} deep: not opened"
+        return
+    with tempfile.TemporaryFile(prefix="autograder-collect-") as spool:
+        try:
+            with opener() as handle:
+                size = 0
+                while chunk := handle.read(2**20):
+                    size += len(chunk)
+                    budget.take(len(chunk))
+                    if size > MAX_FILE_BYTES:
+                        raise _TooLarge(f"larger than {MAX_FILE_BYTES / 2**20:g} MiB")
+                    spool.write(chunk)
+        except _TooLarge as err:
+            yield rel, None, mtime, f"a zip too large to open: {err}"
+            return
+        except _READ_ERRORS as err:
+            yield rel, None, mtime, f"a zip damaged in the download, could not be read ({type(err).__name__}: {err})"
+            return
+        spool.seek(0)
+        try:
+            inner = zipfile.ZipFile(spool)
+        except (zipfile.BadZipFile, OSError, ValueError) as err:
+            yield rel, None, mtime, f"a damaged zip file ({err})"
+            return
+        with inner:
+            if not inner.infolist():
+                yield rel, None, mtime, "an empty zip file"
+                return
+            yield from _iter_zip(inner, rel[:-4] + "/", depth, budget)
+
+
+def _gradescope_metadata(source: Path) -> dict[str, Identity]:
+    """The Gradescope submitters of a download (empty when it is not a Gradescope export)."""
+    source = Path(source)
+    text = None
+    if source.is_dir():
+        found = sorted(p for p in source.rglob(GRADESCOPE_METADATA) if p.is_file() and not p.is_symlink())
+        if found and found[0].stat().st_size < MAX_FILE_BYTES:
+            text = found[0].read_text(errors="replace")
+    elif source.is_file() and zipfile.is_zipfile(source):
+        try:
+            with zipfile.ZipFile(source) as archive:
+                names = sorted(n for n in archive.namelist() if PurePosixPath(n).name == GRADESCOPE_METADATA)
+                if names:
+                    with archive.open(names[0]) as handle:
+                        text = _read_bounded(handle, _Budget(MAX_FILE_BYTES), MAX_FILE_BYTES).decode(errors="replace")
+        except (*_READ_ERRORS, _TooLarge):
+            text = None
+    return gradescope_identities(text) if text else {}
+
+
+# --- matching notebooks to assignments -------------------------------------------------------------
 
 
 def release_index(root: Path, assignment_ids: list[str]) -> dict[tuple[str, str], set[str]]:
@@ -177,6 +491,11 @@ def _normalised_name(name: str) -> str:
     return stem
 
 
+def _by_name(name: str, index) -> list[tuple[str, str]]:
+    stem = _normalised_name(name)
+    return [key for key in index if Path(key[1]).stem.lower() in stem]
+
+
 def match_notebook(nb, name: str, index: dict[tuple[str, str], set[str]]) -> tuple[tuple[str, str] | None, str]:
     """The (assignment, notebook) a submitted notebook is, and how it was decided."""
     found = repair.marked_ids(nb)
@@ -187,11 +506,20 @@ def match_notebook(nb, name: str, index: dict[tuple[str, str], set[str]]) -> tup
         share, key = scored[0]
         return key, f"matched by {share:.0%} of its graded cells"
     if not found:
-        stem = _normalised_name(name)
-        by_name = [key for key in index if Path(key[1]).stem.lower() in stem]
+        by_name = _by_name(name, index)
         if len(by_name) == 1:
             return by_name[0], "matched by file name (no graded cells recognised)"
     return None, "does not look like any assignment's notebook (too few of its graded cells found)"
+
+
+# --- collect -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Candidate:
+    time: datetime
+    entry: Entry
+    content: bytes
 
 
 def collect(
@@ -202,8 +530,6 @@ def collect(
     progress: bool = False,
 ) -> CollectReport:
     """Copy the notebooks in ``source`` (zip or folder) into ``root``'s submitted/ folder."""
-    from autograder.pipeline import Course
-
     course = Course(root)
     patterns = compile_pattern(pattern)
     index = release_index(root, assignment_ids)
@@ -212,24 +538,39 @@ def collect(
             f"no release notebooks for {', '.join(assignment_ids)} in {course.release_dir}: "
             "run `autograder release` first"
         )
+    gradescope = _gradescope_metadata(source) if any(name == "gradescope" for name, _ in patterns) else {}
+    reserved = {word for _, nb_name in index for word in re.split(r"[_ .-]+", Path(nb_name).stem.lower()) if word}
     report = CollectReport()
-    chosen: dict[tuple[str, str, str], tuple[datetime, Entry, bytes]] = {}
-    files = list(iter_files(source))
+    manual: dict[str, dict[str, list[str]]] = {}  # assignment -> student -> reasons
+    candidates: dict[tuple[str, str, str], list[_Candidate]] = {}
+    files = iter_files(source)
     if progress:
         from tqdm import tqdm
 
-        files = tqdm(files, desc="collect", unit="file")
+        files = tqdm(files, desc="collect", unit="entry")
+
+    def flag(student: str, entry: Entry, why: str) -> None:
+        keys = [(entry.assignment, entry.notebook)] if entry.assignment else _by_name(entry.source, index)
+        for assignment in sorted({key[0] for key in keys} or set(assignment_ids)):
+            manual.setdefault(assignment, {}).setdefault(student, []).append(f"{entry.source}: {why}")
+
     for rel, content, mtime, problem in files:
         entry = Entry(source=rel)
-        if not rel.lower().endswith(".ipynb"):
-            entry.reason = problem or "not a notebook (.ipynb)"
+        if PurePosixPath(rel).name == GRADESCOPE_METADATA and gradescope:
+            entry.reason = "Gradescope's list of submitters (read for the student ids)"
             report.unmatched.append(entry)
             continue
+        looks_like_notebook = rel.lower().endswith(".ipynb") or (
+            rel.lower().endswith(".zip") and problem and problem != FOLDER
+        )
+        identity = find_student(rel, patterns, gradescope, reserved) if looks_like_notebook else None
+        entry.student = identity.student if identity else None
         if content is None:
-            entry.reason = problem
+            entry.reason = problem or "could not be read"
             report.unmatched.append(entry)
+            if entry.student and not problem.startswith(("an unsafe path", "a hidden file")):
+                flag(entry.student, entry, entry.reason)
             continue
-        entry.student = find_student(rel, patterns)
         if not entry.student:
             entry.reason = "no student id in the path (adjust --pattern)"
             report.unmatched.append(entry)
@@ -239,6 +580,7 @@ def collect(
         except repair.UnreadableNotebook as err:
             entry.reason = str(err)
             report.unmatched.append(entry)
+            flag(entry.student, entry, entry.reason)
             continue
         key, how = match_notebook(nb, rel, index)
         if key is None:
@@ -246,27 +588,50 @@ def collect(
             report.unmatched.append(entry)
             continue
         entry.assignment, entry.notebook, entry.reason = key[0], key[1], how
-        slot = (entry.student, *key)
-        if slot in chosen:
-            older, newer = sorted([chosen[slot], (mtime, entry, content)], key=lambda item: item[0])
-            older[1].reason = f"older than {newer[1].source}"
-            report.superseded.append(older[1])
-            chosen[slot] = newer
-        else:
-            chosen[slot] = (mtime, entry, content)
+        when = (identity.time if identity and identity.time else None) or mtime or datetime.min
+        entry.time = when.isoformat(sep=" ")
+        pile = candidates.setdefault((entry.student, *key), [])
+        pile.append(_Candidate(when, entry, content))
+        # keep the content of the latest file(s) only: memory holds one notebook per slot (ties aside)
+        latest = max(c.time for c in pile)
+        for older in [c for c in pile if c.time < latest]:
+            pile.remove(older)
+            report.superseded.append(older.entry)
+            older.entry.reason = f"older ({older.entry.time}) than another file of {entry.student}"
 
-    for (student, assignment, notebook), (mtime, entry, content) in sorted(chosen.items()):
+    seen: dict[str, set[str]] = {a: set() for a in assignment_ids}
+    for (student, assignment, notebook), pile in sorted(candidates.items()):
+        pile.sort(key=lambda c: c.entry.source)
+        chosen = pile[-1]
+        for other in pile[:-1]:
+            other.entry.reason = f"same time ({other.entry.time}) as {chosen.entry.source}, which was graded"
+            report.superseded.append(other.entry)
+        if len(pile) > 1:
+            names = ", ".join(c.entry.source for c in pile)
+            manual.setdefault(assignment, {}).setdefault(student, []).append(
+                f"{len(pile)} files for {notebook} with the same time ({chosen.entry.time}): {names}; "
+                f"{chosen.entry.source} was graded (the last by path, not a judgement): check which one counts"
+            )
+        entry = chosen.entry
+        seen.setdefault(assignment, set()).add(student)
         target = course.submitted / student / assignment / notebook
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
-        (target.parent / "timestamp.txt").write_text(mtime.strftime("%Y-%m-%d %H:%M:%S.%f"))
+        if target.is_symlink():
+            target.unlink()
+        target.write_bytes(chosen.content)
+        (target.parent / "timestamp.txt").write_text(chosen.time.strftime("%Y-%m-%d %H:%M:%S.%f"))
         received = course.work(assignment) / "received" / student / notebook
         received.parent.mkdir(parents=True, exist_ok=True)
-        received.write_bytes(content)
+        received.write_bytes(chosen.content)
         (received.parent / f"{notebook}.source").write_text(entry.source)
         entry.path = str(target.relative_to(course.root))
         report.collected.append(entry)
-    (course.grading / "collect-report.json").write_text(json.dumps(report.to_json(), indent=1))
+    for assignment in assignment_ids:
+        flagged = manual.get(assignment, {})
+        course.set_flags(assignment, "collect", flagged, seen.get(assignment, set()) | set(flagged))
+        for student, reasons in flagged.items():
+            report.manual.setdefault(student, []).extend(reasons)
+    (course.grading / "collect-report.json").write_text(json.dumps(report.to_json(), indent=1, ensure_ascii=False))
     return report
 
 
@@ -274,3 +639,10 @@ def received_name(course, assignment: str, student: str, notebook: str) -> str |
     """The file name a notebook had when it was collected (None when it was not collected by us)."""
     marker = course.work(assignment) / "received" / student / f"{notebook}.source"
     return marker.read_text() if marker.is_file() else None
+
+
+def remove_submission(course: Course, assignment: str, student: str, notebook: str) -> None:
+    """Take a notebook out of submitted/ (it stays in grading/<assignment>/received/)."""
+    target = course.submitted / student / assignment / notebook
+    if target.is_symlink() or target.exists():
+        target.unlink() if target.is_symlink() or target.is_file() else shutil.rmtree(target)

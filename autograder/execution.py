@@ -15,13 +15,17 @@ Used inside the grading sandbox (through nbgrader, see :mod:`autograder.nbgrader
   an error output. Unlike nbgrader's rule it ignores the value of a cell's last expression (partial
   credit), which student code could forge; the course's test cells end with statements.
 * :func:`hidden_test_summary` and :func:`hidden_region` let feedback name a failing test without
-  showing hidden test code or its traceback.
+  showing hidden test code or its traceback; :class:`HiddenText` finds hidden test code in anything
+  student code printed or raised (the kernel's input history ``In``, a traceback's source lines, an
+  exception carrying its caller's frame), so feedback can drop it whatever the student's code did.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import signal
+import tokenize
 from typing import Any
 
 from jupyter_core.utils import ensure_async, run_sync
@@ -77,6 +81,114 @@ def without_hidden_tests(source: str) -> str:
     """``source`` with its hidden-test regions removed (what the learner's copy of the cell shows)."""
     hidden = hidden_region(source)
     return "\n".join(line for number, line in enumerate(source.split("\n"), 1) if number not in hidden)
+
+
+_SPACE = re.compile(r"\s+")
+LEAK_NOTE = "[hidden by the grader: this output contained hidden test code]"
+
+
+def _squash(text: str) -> str:
+    return _SPACE.sub("", strip_ansi(text))
+
+
+def _string_mask(source: str) -> list[list[bool]]:
+    """Per line of ``source``, per character: True inside a string literal (by Python's tokenizer)."""
+    lines = source.split("\n")
+    mask = [[False] * len(line) for line in lines]
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type != tokenize.STRING:
+                continue
+            (row, col), (end_row, end_col) = token.start, token.end
+            for number in range(row, end_row + 1):
+                line = mask[number - 1]
+                first = col if number == row else 0
+                last = end_col if number == end_row else len(line)
+                for index in range(first, min(last, len(line))):
+                    line[index] = True
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass  # not Python: every character counts as code
+    return mask
+
+
+class HiddenText:
+    """The hidden test code of a notebook, and a check for it in text that student code produced.
+
+    A leak is any run of ``window`` non-blank characters of a hidden-test line (whitespace ignored,
+    so re-indented or re-wrapped code still counts), or a whole shorter line of at least
+    ``min_chars``, that is not shown to the learner anyway (it occurs in a visible part of a test
+    cell) and is not just a string literal (a test's message, which feedback shows on purpose).
+    """
+
+    def __init__(self, test_sources: list[str], window: int = 24, min_chars: int = 10, min_code: int = 6):
+        self.window = window
+        visible = "\n".join(_squash(without_hidden_tests(source)) for source in test_sources)
+        self.windows: set[str] = set()
+        self.short: dict[int, set[str]] = {}
+        for source in test_sources:
+            hidden = hidden_region(source)
+            if not hidden:
+                continue
+            lines = source.split("\n")
+            mask = _string_mask(source)
+            for number in sorted(hidden):
+                line = lines[number - 1]
+                if HIDDEN_BEGIN in line or HIDDEN_END in line:
+                    continue
+                chars = [(ch, mask[number - 1][i]) for i, ch in enumerate(line) if not ch.isspace()]
+                text = "".join(ch for ch, _ in chars)
+                code = [not in_string for _, in_string in chars]
+                if len(text) >= window:
+                    for start in range(len(text) - window + 1):
+                        piece = text[start : start + window]
+                        if sum(code[start : start + window]) >= min_code and piece not in visible:
+                            self.windows.add(piece)
+                elif len(text) >= min_chars and sum(code) >= min_code and text not in visible:
+                    self.short.setdefault(len(text), set()).add(text)
+
+    def __bool__(self) -> bool:
+        return bool(self.windows or self.short)
+
+    def leaks(self, text: str) -> bool:
+        """Whether ``text`` contains hidden test code."""
+        if not self or not text:
+            return False
+        squashed = _squash(text)
+        if self.windows and any(
+            squashed[i : i + self.window] in self.windows for i in range(len(squashed) - self.window + 1)
+        ):
+            return True
+        return any(
+            squashed[i : i + size] in pieces
+            for size, pieces in self.short.items()
+            for i in range(len(squashed) - size + 1)
+        )
+
+    def scrub_output(self, output) -> Any:
+        """``output`` itself, or a replacement saying it was hidden when it contains hidden test code."""
+        kind = output.get("output_type")
+        if kind == "error":
+            parts = [str(output.get("ename", "")), str(output.get("evalue", "")), *output.get("traceback", [])]
+            if self.leaks("\n".join(parts)):
+                ename = str(output.get("ename", "Error"))
+                ename = ename if not self.leaks(ename) else "Error"
+                return NotebookNode(
+                    output_type="error", ename=ename, evalue=LEAK_NOTE, traceback=[f"{ename}: {LEAK_NOTE}"]
+                )
+            return output
+        if kind == "stream":
+            text = output.get("text", "")
+            text = "".join(text) if isinstance(text, list) else str(text)
+        else:
+            text = "\n".join(
+                "".join(value) if isinstance(value, list) else str(value) for value in output.get("data", {}).values()
+            )
+        if self.leaks(text):
+            return NotebookNode(output_type="stream", name="stdout", text=LEAK_NOTE + "\n")
+        return output
+
+    def scrub_text(self, text: str) -> str:
+        return LEAK_NOTE if self.leaks(text) else text
 
 
 def failing_line(output, source: str, execution_count: int | None) -> int | None:

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder.pipeline import Course
+from autograder.course_dir import Course
 
 
 @dataclass
@@ -66,8 +66,12 @@ def collect_grades(course: Course, assignment: str) -> Export:
                         scores[_exercise(grade.name)] += float(grade.score or 0.0)
                         manual = manual or bool(grade.needs_manual_grade)
                 record = course.load_result(assignment, submission.student.id) or {}
-                if flagged or record.get("status") not in (None, "graded"):
+                if record.get("status") not in (None, "graded"):
                     status = f"needs manual grading: {record.get('message') or 'grading failed'}"
+                elif record.get("flags"):
+                    status = f"needs manual grading: {'; '.join(record['flags'])}"
+                elif flagged:
+                    status = "needs manual grading: grading failed"
                 elif manual:
                     status = "needs manual grading"
                 else:
@@ -103,7 +107,7 @@ def export(course: Course, assignment: str, output: Path | None = None) -> tuple
     folder.mkdir(parents=True, exist_ok=True)
     grades_path, summary_path = folder / "grades.csv", folder / "summary.csv"
     columns = ["student", *result.exercises, "total", "max", "status"]
-    with open(grades_path, "w", newline="") as handle:
+    with open(grades_path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
         writer.writerows(result.rows)

@@ -4,9 +4,15 @@ nbgrader's ``generate_feedback`` shows hidden tests, and even with its ``ClearHi
 traceback of a failing hidden assert still prints the hidden line. Here nbgrader renders the
 autograded notebook through :class:`autograder.nbgrader_ext.SafeFeedback`: hidden-test lines are
 removed, a failing test cell shows one line (visible or hidden test, and the test's message) instead
-of its outputs, scriptable outputs become text, and a summary at the top gives the score per
+of its outputs, any output that contains hidden test code (whatever printed or raised it) is
+replaced by a note, scriptable outputs become text, and a summary at the top gives the score per
 exercise and what the grader did (repairs, timeouts, restarted kernels). Students whose notebook
 could not be graded get a short page saying so.
+
+Every page is then made inert (:func:`inert_page`): its body, where everything the student wrote
+ends up (markdown rendered to HTML, outputs, file names in notes), goes through the nh3 sanitizer
+(Ammonia), which keeps formatting tags and drops scripts, event handlers, frames, forms, styles and
+any link that is not http(s), mailto or an in-page anchor; images must be inline bitmaps.
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ from __future__ import annotations
 import contextlib
 import html
 import io
+import re
 import warnings
 from pathlib import Path
 
+import nh3
+
 from autograder.config import ensure_tools_on_path, nbgrader_config
-from autograder.pipeline import Course
+from autograder.course_dir import Course
 
 
 def feedback_config(course: Course):
@@ -63,11 +72,63 @@ def generate_feedback(
                 result = api.generate_feedback(assignment, student, force=True)
             if not result["success"]:
                 _failure_page(target, names, f"the feedback could not be rendered: {result.get('error', '')[-500:]}")
+            for page in target.glob("*.html"):
+                page.write_text(inert_page(page.read_text(encoding="utf-8")), encoding="utf-8")
         else:
             record = course.load_result(assignment, student) or {}
             _failure_page(target, names, record.get("message") or "your notebook has not been graded yet")
         written[student] = target
     return written
+
+
+# Formatting the feedback body needs; everything else (script, iframe, object, form, style, svg, math,
+# meta, base, link) is dropped with its content where it could carry any.
+BODY_TAGS = set(nh3.ALLOWED_TAGS) - {"area", "map"}
+BODY_ATTRIBUTES = {
+    "*": {"class", "id", "title", "style", "lang", "dir"},
+    "a": {"href", "name"},
+    "img": {"src", "alt", "width", "height"},
+    "td": {"colspan", "rowspan", "align"},
+    "th": {"colspan", "rowspan", "align", "scope"},
+    "ol": {"start"},
+    "code": {"class"},
+}
+STYLE_PROPERTIES = {"color", "background-color", "font-weight", "font-style", "text-decoration", "text-align"}
+_BITMAP = re.compile(r"^data:image/(?:png|jpeg|gif);base64,[A-Za-z0-9+/=\s]*$")
+_SAFE_LINK = re.compile(r"^(?:#|https?://|mailto:)", re.IGNORECASE)
+
+
+def _attribute_filter(tag: str, attribute: str, value: str) -> str | None:
+    if attribute == "href":
+        return value if _SAFE_LINK.match(value.strip()) else None
+    if attribute == "src":
+        return value if _BITMAP.match(value.strip()) else None
+    return value
+
+
+def inert_html(fragment: str) -> str:
+    """``fragment`` without anything that could run: no script, handler, frame, form or active link."""
+    return nh3.clean(
+        fragment,
+        tags=BODY_TAGS,
+        clean_content_tags={"script", "style", "textarea", "noscript", "iframe", "object", "template", "svg", "math"},
+        attributes=BODY_ATTRIBUTES,
+        attribute_filter=_attribute_filter,
+        url_schemes={"http", "https", "mailto", "data"},
+        filter_style_properties=STYLE_PROPERTIES,
+        link_rel="noopener noreferrer nofollow",
+        strip_comments=True,
+    )
+
+
+def inert_page(page: str) -> str:
+    """A rendered feedback page with its body sanitised (the head is the template's own: CSS, MathJax)."""
+    start = page.find("<body")
+    opened = page.find(">", start) + 1 if start >= 0 else -1
+    end = page.rfind("</body>")
+    if start < 0 or opened <= 0 or end < opened:  # not the template's shape: sanitise all of it
+        return "<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>" + inert_html(page) + "</body></html>"
+    return page[:start] + "<body>" + inert_html(page[opened:end]) + page[end:]
 
 
 def _failure_page(folder: Path, names: list[str], message: str) -> None:

@@ -5,6 +5,7 @@ hidden tests hidden. Configured by :func:`autograder.sandbox.nbgrader_settings` 
 from __future__ import annotations
 
 import html
+import re
 
 from nbformat import NotebookNode
 from nbgrader import utils
@@ -57,27 +58,44 @@ class SafeFeedback(NbGraderPreprocessor):
     * test cells lose their hidden-test lines; when such a cell failed, its outputs are replaced by
       one line that says whether a visible or a hidden test failed and with which message, never
       the hidden code or a traceback through it;
-    * outputs that could run script in the page (HTML, JavaScript, SVG, widgets) become text;
+    * every output and message of every cell is checked for hidden test code
+      (:class:`autograder.execution.HiddenText`): student code can print the kernel's input history
+      or raise with its caller's source, and such an output is replaced by a note;
+    * outputs that could run script in the page (HTML, JavaScript, SVG, widgets) become text; cell
+      and notebook metadata the student controls (tags, widget state, titles) is dropped;
     * a summary cell at the top lists the score per exercise and what the grader did (repairs,
-      timeouts, restarted kernels, truncated output).
+      timeouts, restarted kernels, truncated output), its notes escaped so they stay plain text.
+
+    The rendered page is then sanitised as a whole (:func:`autograder.feedback.inert_page`).
     """
 
     def preprocess(self, nb, resources):
         self._scores: dict[str, list[float]] = {}
+        self._hidden = execution.HiddenText(
+            [cell.source for cell in nb.cells if cell.cell_type == "code" and _is_test(cell)]
+        )
+        notes = grading_notes(nb)
         nb, resources = super().preprocess(nb, resources)
-        nb.cells.insert(0, NotebookNode(cell_type="markdown", metadata={}, source=self._summary(nb, resources)))
+        nb.metadata = NotebookNode(
+            kernelspec=NotebookNode(name="python3", display_name="Python 3", language="python"),
+            language_info=NotebookNode(name="python", pygments_lexer="ipython3"),
+        )
+        summary = NotebookNode(cell_type="markdown", metadata=NotebookNode(), source=self._summary(notes, resources))
+        nb.cells.insert(0, summary)
         return nb, resources
 
     def preprocess_cell(self, cell, resources, cell_index):
         meta = cell.get("metadata", {}).get("nbgrader", {})
+        cell.metadata = NotebookNode(nbgrader=meta) if meta else NotebookNode()
+        cell.pop("attachments", None)
         if cell.cell_type == "code":
-            if meta.get("grade") and not meta.get("solution"):
+            if _is_test(cell):
                 cell = self._test_cell(cell)
                 score = meta.get("score")
                 entry = self._scores.setdefault(_exercise(meta.get("grade_id", "")), [0.0, 0.0])
                 entry[0] += float(score or 0)
                 entry[1] += float(meta.get("points") or 0)
-            cell.outputs = [_safe_output(output) for output in cell.outputs]
+            cell.outputs = [self._hidden.scrub_output(_safe_output(output)) for output in cell.outputs]
         return cell, resources
 
     def _test_cell(self, cell):
@@ -88,12 +106,13 @@ class SafeFeedback(NbGraderPreprocessor):
         cell.source = execution.without_hidden_tests(source)
         if errors:
             summary = execution.hidden_test_summary(errors[-1], source, cell.get("execution_count"))
+            summary = self._hidden.scrub_text(summary)
             cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=summary + "\n")]
         else:
             cell.outputs = []
         return cell
 
-    def _summary(self, nb, resources) -> str:
+    def _summary(self, notes: list[str], resources) -> str:
         info = resources.get("nbgrader", {})
         score, maximum = info.get("score"), info.get("max_score")
         lines = ["## Grading summary", ""]
@@ -101,12 +120,11 @@ class SafeFeedback(NbGraderPreprocessor):
             lines += [f"**Score: {_number(score)} / {_number(maximum)}**", ""]
         if self._scores:
             lines += ["| exercise | score |", "|---|---|"]
-            lines += [f"| {html.escape(ex)} | {_number(s)} / {_number(m)} |" for ex, (s, m) in self._scores.items()]
+            lines += [f"| {_plain(ex)} | {_number(s)} / {_number(m)} |" for ex, (s, m) in self._scores.items()]
             lines.append("")
-        notes = grading_notes(nb)
         if notes:
             lines += ["**What the grader did with your notebook:**", ""]
-            lines += [f"* {html.escape(note)}" for note in notes]
+            lines += [f"* {_plain(self._hidden.scrub_text(note))}" for note in notes]
             lines.append("")
         lines.append(
             "Test cells show their visible tests only. When a hidden test fails, the cell says so and shows the "
@@ -115,14 +133,31 @@ class SafeFeedback(NbGraderPreprocessor):
         return "\n".join(lines)
 
 
+def _plain(text: str) -> str:
+    """``text`` as literal markdown: no HTML, and no markdown syntax (links, emphasis, code) of its own."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", html.escape(" ".join(str(text).split()), quote=False))
+
+
+def _is_test(cell) -> bool:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("grade")) and not meta.get("solution")
+
+
 def grading_notes(nb) -> list[str]:
     """What collect, repair and the grader did to a notebook, as sentences for the learner."""
     record = nb.metadata.get("autograder", {})
-    notes = list(record.get("collect", [])) + list(record.get("repair", [])) + list(record.get("grade", []))
-    for event in record.get("events", []):
-        where = event.get("grade_id") or f"#{event.get('cell')}"
-        notes.append(f"Cell {where}: {event.get('detail')}.")
+    if not isinstance(record, dict):
+        return []
+    notes = [str(note) for key in ("collect", "repair", "grade") for note in _as_list(record.get(key))]
+    for event in _as_list(record.get("events")):
+        if isinstance(event, dict):
+            where = event.get("grade_id") or f"#{event.get('cell')}"
+            notes.append(f"Cell {where}: {event.get('detail')}.")
     return notes
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else []
 
 
 def _exercise(grade_id: str) -> str:

@@ -35,7 +35,11 @@ def marker(cell) -> tuple[str, str] | None:
 
 
 def grade_id(cell) -> str | None:
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    """The cell's nbgrader grade_id (None when it has none, or a value that is not a string)."""
+    meta = cell.get("metadata", {})
+    nbgrader = meta.get("nbgrader", {}) if isinstance(meta, dict) else {}
+    value = nbgrader.get("grade_id") if isinstance(nbgrader, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def is_answer_cell(cell) -> bool:

@@ -1,9 +1,7 @@
-"""The instructor's grading pipeline over one nbgrader course directory.
+"""The instructor's grading pipeline over one nbgrader course directory (:class:`Course`).
 
-Folders (all git-ignored): ``submitted/<student>/<assignment>/`` (what collect wrote or nbgrader's
-exchange delivered), ``autograded/`` and ``feedback/`` (nbgrader's), the gradebook (``gradebook.db``
-or ``--db-url``), and ``grading/<assignment>/`` for the pipeline's own records: notebooks as
-received, repair notes, one result file and log per student, the exported CSV files.
+:func:`repair_submissions` restores what students' notebook editors broke; a notebook that cannot be
+read or repaired is taken out of submitted/ and its student flagged for manual grading.
 
 :func:`grade` grades every submitted student in parallel worker processes, each in its own sandbox
 (:mod:`autograder.sandbox`), and merges the scores into the real gradebook one at a time.
@@ -24,60 +22,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
-from autograder import notebooks
-from autograder.config import RELEASE_DIRECTORY, SOURCE_DIRECTORY, ensure_tools_on_path, repo_root
-from autograder.sandbox import Job, JobResult, Limits, resolve_sandbox, run_job
+from autograder import collect, notebooks, repair
+from autograder.config import SOURCE_DIRECTORY, ensure_tools_on_path
+from autograder.course_dir import DB_URL_ENV, Course
+from autograder.sandbox import Job, JobResult, Limits, UidLease, resolve_sandbox, run_job
 
-DB_URL_ENV = "AUTOGRADER_DB_URL"
-
-
-class Course:
-    """Paths of one nbgrader course directory (default: this repository)."""
-
-    def __init__(self, root: str | Path | None = None, db_url: str | None = None):
-        self.root = Path(root or repo_root()).resolve()
-        self.db_url = db_url or os.environ.get(DB_URL_ENV) or f"sqlite:///{self.root / 'gradebook.db'}"
-        self.source_dir = self.root / SOURCE_DIRECTORY
-        self.release_dir = self.root / RELEASE_DIRECTORY
-        self.submitted = self.root / "submitted"
-        self.autograded = self.root / "autograded"
-        self.feedback = self.root / "feedback"
-        self.grading = self.root / "grading"
-        self.grading.mkdir(parents=True, exist_ok=True)
-        ignore = self.grading / ".gitignore"
-        if not ignore.exists():
-            ignore.write_text("# the grading pipeline's working files (student data): never committed\n*\n")
-
-    def work(self, assignment: str) -> Path:
-        folder = self.grading / assignment
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
-
-    def release_notebooks(self, assignment: str) -> dict[str, Path]:
-        """Notebook file name -> release notebook (the student version) of an assignment."""
-        found = {path.name: path for path in sorted((self.release_dir / assignment).glob("*.ipynb"))}
-        if not found:
-            raise RuntimeError(
-                f"no release notebooks in {self.release_dir / assignment}: run `autograder release {assignment}` first"
-            )
-        return found
-
-    def students(self, assignment: str) -> list[str]:
-        """Students with at least one submitted notebook of ``assignment``."""
-        names = set(self.release_notebooks(assignment))
-        return sorted(
-            folder.parent.name
-            for folder in self.submitted.glob(f"*/{assignment}")
-            if folder.is_dir() and any((folder / name).is_file() for name in names)
-        )
-
-    def result_path(self, assignment: str, student: str) -> Path:
-        return self.work(assignment) / "results" / f"{student}.json"
-
-    def load_result(self, assignment: str, student: str) -> dict | None:
-        path = self.result_path(assignment, student)
-        return json.loads(path.read_text()) if path.is_file() else None
-
+__all__ = ["DB_URL_ENV", "Course", "grade", "repair_submissions"]
 
 # --- repair -------------------------------------------------------------------------------------
 
@@ -86,12 +36,13 @@ def repair_submissions(course: Course, assignment: str, students: list[str] | No
     """Repair every submitted notebook of ``assignment`` against its release; returns {student: notes}.
 
     The notebook as received is kept in ``grading/<assignment>/received/`` and always repaired from
-    there, so repairing twice gives the same result.
+    there, so repairing twice gives the same result. A notebook that cannot be read or repaired (or
+    a symbolic link in submitted/) is taken out of submitted/ and the student is flagged for manual
+    grading with the reason; repair goes on with the others.
     """
-    from autograder import collect, repair
-
     releases = {name: notebooks.read(path) for name, path in course.release_notebooks(assignment).items()}
     done: dict[str, list[str]] = {}
+    problems: dict[str, list[str]] = {}
     todo = students or course.students(assignment)
     if progress:
         from tqdm import tqdm
@@ -102,6 +53,10 @@ def repair_submissions(course: Course, assignment: str, students: list[str] | No
         notes_all: list[str] = []
         for name, release in releases.items():
             target = folder / name
+            if target.is_symlink():
+                collect.remove_submission(course, assignment, student, name)
+                problems.setdefault(student, []).append(f"{name}: a symbolic link in submitted/, not graded")
+                continue
             if not target.is_file():
                 continue
             received = course.work(assignment) / "received" / student / name
@@ -109,11 +64,18 @@ def repair_submissions(course: Course, assignment: str, students: list[str] | No
                 received.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(target, received)
             try:
-                nb = repair.read_submission(received.read_bytes())
+                result = repair.repair(repair.read_submission(received.read_bytes()), release)
             except repair.UnreadableNotebook as err:
-                notes_all.append(f"{name}: {err}")
+                problem = f"{name}: {err}"
+            except Exception as err:  # a notebook shape nobody foresaw: never stop the class
+                problem = f"{name}: could not be repaired ({type(err).__name__}: {str(err)[:300]})"
+            else:
+                problem = ""
+            if problem:
+                collect.remove_submission(course, assignment, student, name)
+                problems.setdefault(student, []).append(problem)
+                notes_all.append(problem)
                 continue
-            result = repair.repair(nb, release)
             original = collect.received_name(course, assignment, student, name)
             if original and Path(original).name != name:
                 note = f"Your file {Path(original).name!r} was graded as {name!r}."
@@ -122,9 +84,10 @@ def repair_submissions(course: Course, assignment: str, students: list[str] | No
             notebooks.write(result.notebook, target)
             notes_all += result.notes
         done[student] = notes_all
+    course.set_flags(assignment, "repair", problems, set(done))
     record = course.work(assignment) / "repair.json"
     previous = json.loads(record.read_text()) if record.is_file() else {}
-    record.write_text(json.dumps({**previous, **done}, indent=1))
+    record.write_text(json.dumps({**previous, **done}, indent=1, ensure_ascii=False))
     return done
 
 
@@ -221,12 +184,14 @@ def merge_result(course: Course, assignment: str, result: JobResult, timestamp: 
             file_name = f"{notebook_name}.ipynb"
             scores = result.grades.get(file_name, {})
             notebook = gradebook.find_submission_notebook(notebook_name, assignment, result.student)
-            notebook.flagged = not graded
+            notebook.flagged = not graded or bool(result.flags)
             for grade in notebook.grades:
                 entry = scores.get(grade.name)
                 if graded and entry is not None:
                     grade.auto_score = entry["auto_score"]
-                    grade.needs_manual_grade = bool(entry["needs_manual_grade"]) or grade.manual_score is not None
+                    grade.needs_manual_grade = (
+                        bool(entry["needs_manual_grade"]) or grade.manual_score is not None or bool(result.flags)
+                    )
                 else:  # not graded: 0 until someone looks at it
                     grade.auto_score = 0.0
                     grade.needs_manual_grade = True
@@ -268,6 +233,11 @@ def grade(
     Returns one result per student, in student order. A student whose grading failed or timed out
     gets 0 on every cell, marked for manual grading, and a result whose message says why.
     """
+    with course.exclusive(f"grade {assignment}"):
+        return _grade(course, assignment, students, workers, sandbox, limits, template, progress, keep_jobs, on_result)
+
+
+def _grade(course, assignment, students, workers, sandbox, limits, template, progress, keep_jobs, on_result):
     ensure_tools_on_path()
     mode = resolve_sandbox(sandbox)
     students = students if students is not None else course.students(assignment)
@@ -277,37 +247,46 @@ def grade(
         limits = dataclasses.replace(limits, threads=max(1, (os.cpu_count() or 1) // workers))
     template = template or template_gradebook(course, assignment)
     ensure_assignment(course, assignment, template)
-    names = list(course.release_notebooks(assignment))
     extra = course.source_dir / assignment
     has_extra = any(p.is_file() and p.suffix != ".ipynb" for p in extra.rglob("*")) if extra.is_dir() else False
     jobs_root = Path(tempfile.mkdtemp(prefix=f"autograder-{assignment}-"))
-    slots: list[int] = list(range(workers))
+    lease = UidLease(workers) if mode == "bwrap" else None  # uids no other run on this machine holds
+    slots: list[int] = list(lease.slots) if lease else list(range(workers))
     slot_lock, merge_lock = threading.Lock(), threading.Lock()
     results: dict[str, JobResult] = {}
 
     def one(student: str) -> JobResult:
         folder = course.submitted / student / assignment
         stamp = folder / "timestamp.txt"
+        timestamp = stamp.read_text().strip() if stamp.is_file() and not stamp.is_symlink() else None
+        flags = course.flag_reasons(assignment, student)
+        submitted = course.submitted_notebooks(assignment, student)
+        if not submitted:  # nothing readable: 0, marked for manual grading, with the reasons
+            result = JobResult(student, "failed", "; ".join(flags) or "no notebook was submitted", flags=flags)
+            with merge_lock:
+                _store(course, assignment, result, timestamp)
+            return result
         job = Job(
             assignment=assignment,
             student=student,
-            notebooks={name: str(folder / name) for name in names if (folder / name).is_file()},
+            notebooks={name: str(path) for name, path in submitted.items()},
             template_db=str(template),
             extra_files=str(extra) if has_extra else None,
-            timestamp=stamp.read_text().strip() if stamp.is_file() else None,
+            timestamp=timestamp,
             limits=limits,
         )
         with slot_lock:
             slot = slots.pop()
         try:
-            result = run_job(job, jobs_root / student, slot=slot, sandbox=mode)
+            result = run_job(job, jobs_root / _job_folder(student), slot=slot, sandbox=mode)
         finally:
             with slot_lock:
                 slots.append(slot)
+        result.flags = flags
         with merge_lock:
             _store(course, assignment, result, job.timestamp)
         if not keep_jobs:
-            shutil.rmtree(jobs_root / student, ignore_errors=True)
+            shutil.rmtree(jobs_root / _job_folder(student), ignore_errors=True)
         return result
 
     bar = None
@@ -329,9 +308,16 @@ def grade(
     finally:
         if bar is not None:
             bar.close()
+        if lease is not None:
+            lease.release()
         if not keep_jobs:
             shutil.rmtree(jobs_root, ignore_errors=True)
     return [results[student] for student in students]
+
+
+def _job_folder(student: str) -> str:
+    """A folder name for a student's job: ASCII, so every tool in the sandbox handles the path."""
+    return hashlib.sha256(student.encode()).hexdigest()[:16]
 
 
 def _store(course: Course, assignment: str, result: JobResult, timestamp: str | None) -> None:
@@ -345,6 +331,8 @@ def _store(course: Course, assignment: str, result: JobResult, timestamp: str | 
         notes.append(
             f"Your notebook could not be graded automatically: {result.message}. Your instructor will grade it by hand."
         )
+    elif result.flags:
+        notes.append(f"Your instructor will check this grade by hand: {'; '.join(result.flags)}.")
     for name, path in result.autograded.items():
         nb = notebooks.read(path)
         nb.metadata.setdefault("autograder", {})["grade"] = notes
@@ -357,7 +345,7 @@ def _store(course: Course, assignment: str, result: JobResult, timestamp: str | 
     data.pop("log")
     data["autograded"] = sorted(result.autograded)
     data["scores"] = {name: _totals(grades) for name, grades in result.grades.items()}
-    record.write_text(json.dumps(data, indent=1))
+    record.write_text(json.dumps(data, indent=1, ensure_ascii=False))
     log = course.work(assignment) / "logs" / f"{result.student}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(result.log)

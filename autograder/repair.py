@@ -50,19 +50,84 @@ class RepairResult:
 
 
 def read_submission(raw: bytes | str) -> NotebookNode:
-    """Parse a submitted file; nbformat 3 and 4.x notebooks are upgraded to 4."""
+    """Parse a submitted file; nbformat 3 and 4.x notebooks are upgraded to 4.
+
+    Malformed parts that a notebook editor or a student can leave behind are mended (and listed in
+    ``metadata.autograder.read``): metadata that is not an object, a cell source that is a number,
+    cells that are not objects, outputs in a shape nbformat rejects (outputs are cleared before
+    grading anyway). Grader notes a student planted in ``metadata.autograder`` are dropped. A file
+    that is not a notebook at all raises :class:`UnreadableNotebook` with the reason.
+    """
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8-sig", errors="replace")
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as err:
         raise UnreadableNotebook(f"the file is not valid notebook JSON ({err.msg} at line {err.lineno})") from None
+    except (ValueError, RecursionError) as err:
+        raise UnreadableNotebook(f"the file is not valid notebook JSON ({type(err).__name__})") from None
     if not isinstance(data, dict) or "cells" not in data and "worksheets" not in data:
         raise UnreadableNotebook("the file is JSON but not a Jupyter notebook (no cells)")
+    notes: list[str] = []
+    if "cells" in data:
+        _mend(data, notes)
     try:
-        return nbformat.reads(json.dumps(data), as_version=4)
+        nb = nbformat.reads(json.dumps(data), as_version=4)
     except Exception as err:  # nbformat raises several types for malformed notebooks
         raise UnreadableNotebook(f"the notebook cannot be read by nbformat: {err}") from None
+    mended = json.loads(nbformat.writes(nb, version=nbformat.NO_CONVERT)) if "cells" not in data else None
+    if mended is not None:  # an nbformat 3 notebook, converted: mend what the conversion carried over
+        _mend(mended, notes)
+        nb = nbformat.from_dict(mended)
+    nb.metadata["autograder"] = {"read": notes}
+    return nb
+
+
+def _mend(data: dict, notes: list[str]) -> None:
+    """Make an nbformat-4-shaped notebook's structure well-formed in place (see read_submission)."""
+    if not isinstance(data.get("cells"), list):
+        raise UnreadableNotebook(f"the notebook's cells are a {type(data.get('cells')).__name__}, not a list")
+    if not isinstance(data.get("metadata"), dict):
+        data["metadata"] = {}
+        notes.append("The notebook's metadata was not an object and was reset.")
+    data["metadata"].pop("autograder", None)  # only the grader writes its notes
+    if not isinstance(data.get("nbformat"), int) or not isinstance(data.get("nbformat_minor"), int):
+        data["nbformat"], data["nbformat_minor"] = 4, 0
+    cells, dropped, mended = [], 0, 0
+    for cell in data["cells"]:
+        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
+            dropped += 1
+            continue
+        fixed = False
+        source = cell.get("source", "")
+        if isinstance(source, list) and all(isinstance(part, str) for part in source):
+            source = "".join(source)
+        if not isinstance(source, str):
+            source, fixed = ("" if source is None else json.dumps(source)), True
+        cell["source"] = source
+        if not isinstance(cell.get("metadata"), dict):
+            cell["metadata"], fixed = {}, True
+        if "nbgrader" in cell["metadata"] and not isinstance(cell["metadata"]["nbgrader"], dict):
+            del cell["metadata"]["nbgrader"]  # repair restores it from the marker comment
+            fixed = True
+        if "id" in cell and not isinstance(cell["id"], str):
+            del cell["id"]
+            fixed = True
+        if not isinstance(cell.get("attachments", {}), dict):
+            del cell["attachments"]
+            fixed = True
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+        else:
+            cell.pop("outputs", None)
+            cell.pop("execution_count", None)
+        mended += fixed
+        cells.append(cell)
+    data["cells"] = cells
+    if dropped:
+        notes.append(f"Dropped {dropped} malformed cell(s) that were not notebook cells.")
+    if mended:
+        notes.append(f"Mended the malformed source or metadata of {mended} cell(s).")
 
 
 def first_marker(cell) -> tuple[str, str] | None:
@@ -146,7 +211,8 @@ def repair(submission: NotebookNode, release: NotebookNode) -> RepairResult:
         release: the student version of the assignment's notebook (modules/), with nbgrader metadata.
     """
     nb = copy.deepcopy(submission)
-    notes: list[str] = []
+    record = nb.metadata.get("autograder")
+    notes: list[str] = list(record.get("read", [])) if isinstance(record, dict) else []
     _normalise_format(nb, release, notes)
     graded = [(notebooks.grade_id(cell), cell) for cell in release.cells if notebooks.grade_id(cell)]
     release_ids = {gid for gid, _ in graded}
@@ -244,7 +310,7 @@ def repair(submission: NotebookNode, release: NotebookNode) -> RepairResult:
         )
     if stripped:
         notes.append(f"Removed stray grading metadata from {stripped} cell(s) that are not graded.")
-    nb.metadata.setdefault("autograder", {})["repair"] = notes
+    nb.metadata["autograder"] = {"repair": notes}
     nbformat.validate(nb)
     return RepairResult(nb, notes)
 

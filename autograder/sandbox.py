@@ -33,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,7 +43,10 @@ from autograder.config import CELL_TIMEOUT_S, configure
 KERNEL_NAME = "autograder-sandbox"
 # Grading slot n runs its kernel as uid SANDBOX_UID_BASE + n: an id that no account uses, and a
 # different one per parallel slot so that the process limit counts one student's processes only.
+# Slots are leased machine-wide (:class:`UidLease`), so two runs at once never share a uid.
 SANDBOX_UID_BASE = 2_100_000_000
+UID_SLOTS = 4096
+LOCK_DIR_ENV = "AUTOGRADER_LOCK_DIR"
 MAX_NOTEBOOK_BYTES = 256 * 2**20
 GiB = 2**30
 MiB = 2**20
@@ -91,6 +95,67 @@ class JobResult:
     log: str = ""
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # where the time went inside the sandbox
+    uid: int | None = None  # the kernel's uid (bwrap), for the record
+    flags: list[str] = field(default_factory=list)  # why the student needs manual grading (collect, repair)
+
+
+# --- uid slots shared by every run on this machine ------------------------------------------------
+
+
+def lock_dir() -> Path:
+    """Where the machine-wide slot locks live (``$AUTOGRADER_LOCK_DIR``, else /run/lock or /tmp)."""
+    configured = os.environ.get(LOCK_DIR_ENV)
+    if configured:
+        folder = Path(configured)
+    else:
+        base = Path("/run/lock") if os.access("/run/lock", os.W_OK) else Path(tempfile.gettempdir())
+        folder = base / "autograder-slots"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o755)
+    return folder
+
+
+class UidLease:
+    """Grading slots (kernel uids ``SANDBOX_UID_BASE + slot``) held by this run until :meth:`release`.
+
+    Each slot is an exclusive ``flock`` on ``<lock dir>/slot-<n>.lock``: a second run (another
+    process, or another lease in this one) takes the next free slots, and a run that dies releases
+    its slots with its file descriptors, so nothing is left to clean up.
+    """
+
+    def __init__(self, count: int, folder: Path | None = None):
+        import fcntl
+
+        self._files = []
+        self.slots: list[int] = []
+        folder = Path(folder) if folder else lock_dir()
+        for slot in range(UID_SLOTS):
+            if len(self.slots) == count:
+                break
+            handle = open(folder / f"slot-{slot}.lock", "a+")  # noqa: SIM115 (held until release)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.close()
+                continue
+            self._files.append(handle)
+            self.slots.append(slot)
+        if len(self.slots) < count:
+            self.release()
+            raise RuntimeError(
+                f"no free grading slots: {UID_SLOTS} are held by other autograder runs on this machine "
+                f"(locks in {folder}); wait for them to finish"
+            )
+
+    def release(self) -> None:
+        for handle in self._files:
+            handle.close()
+        self._files, self.slots = [], []
+
+    def __enter__(self) -> UidLease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 # --- host side ----------------------------------------------------------------------------------
@@ -254,6 +319,7 @@ def run_job(job: Job, job_dir: Path, slot: int = 0, sandbox: str = "bwrap") -> J
         )
     result.log = _tail(log_path) + ("\n" + _tail(outbox / "nbgrader.log") if (outbox / "nbgrader.log").exists() else "")
     result.seconds = time.perf_counter() - started
+    result.uid = spec["uid"]
     return result
 
 

@@ -51,7 +51,7 @@ def test_check_grades_a_damaged_notebook_with_the_hidden_tests(tmp_path, capsys)
 def test_check_finds_no_assignment_for_an_unrelated_notebook(tmp_path, capsys):
     path = tmp_path / "holiday.ipynb"
     path.write_text(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])))
-    assert cli.main(["check", str(path), "--source", str(ROOT)]) == 1
+    assert cli.main(["check", str(path), "--source", str(ROOT)]) == 2, "errors exit 2, as the course command's do"
     assert "does not look like any assignment" in capsys.readouterr().err
 
 

@@ -27,11 +27,34 @@ def test_top_level_help_lists_the_steps(capsys):
 
 def test_missing_input_is_a_clear_error(tmp_path, capsys):
     code = cli.main(["--root", str(tmp_path), "collect", str(tmp_path / "nowhere.zip"), "--assignment", "m1"])
-    assert code == 1
+    assert code == 2, "errors exit 2, as the course command's do"
     assert "no release notebooks" in capsys.readouterr().err
 
 
 def test_grading_without_a_release_says_what_to_run(tmp_path, capsys):
     code = cli.main(["--root", str(tmp_path), "grade", "m1_prefill_decode", "--sandbox", "none"])
-    assert code == 1
+    assert code == 2
     assert "autograder release m1_prefill_decode" in capsys.readouterr().err
+
+
+def test_help_documents_ids_duplicates_and_exit_status(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["collect", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "latest LMS timestamp" in text and "never resolved silently or by zip order" in text
+    assert "Canvas" in text and "Blackboard" in text and "Gradescope" in text and "NFC" in text
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "2 on errors" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_damaged_download_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "class.zip"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    (tmp_path / "modules" / "m1").mkdir(parents=True)
+    (tmp_path / "modules" / "m1" / "x.ipynb").write_text(
+        '{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}'
+    )
+    code = cli.main(["--root", str(tmp_path), "collect", str(bad), "--assignment", "m1"])
+    assert code == 2
+    assert "autograder collect:" in capsys.readouterr().err

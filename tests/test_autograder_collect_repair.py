@@ -71,11 +71,11 @@ def test_moodle_zip_with_renamed_notebooks(course_root, release, tmp_path):
     )
     report = collect(download, course_root, [ASSIGNMENT], "auto")
     got = {entry.student: entry for entry in report.collected}
-    assert set(got) == {"jane_doe", "john_smith", "ann_lee"}
+    assert set(got) == {"jane_doe_12345", "jöhn_smith_67890", "ann_lee_11111"}, "Moodle's participant id is kept"
     for student in got:
         assert (course_root / "submitted" / student / ASSIGNMENT / NAME).is_file()
         assert (course_root / "submitted" / student / ASSIGNMENT / "timestamp.txt").is_file()
-    assert got["ann_lee"].source.endswith("Untitled3.ipynb")
+    assert got["ann_lee_11111"].source.endswith("Untitled3.ipynb")
     assert [e.source for e in report.unmatched] == ["Ann Lee_11111_assignsubmission_file_/notes.pdf"]
     saved = json.loads((course_root / "grading" / "collect-report.json").read_text())
     assert len(saved["collected"]) == 3 and saved["unmatched"][0]["reason"].startswith("not a notebook")
@@ -88,7 +88,7 @@ def test_canvas_names_and_late_flag(course_root, release, tmp_path):
     (folder / "doejane_12345_6789012_prefill_decode-1.ipynb").write_bytes(as_bytes(release))
     (folder / "smithjohn_LATE_67890_1234_Copy of prefill_decode.ipynb").write_bytes(as_bytes(release))
     report = collect(folder, course_root, [ASSIGNMENT], "canvas")
-    assert sorted(e.student for e in report.collected) == ["doejane", "smithjohn"]
+    assert sorted(e.student for e in report.collected) == ["doejane_12345", "smithjohn_67890"]
 
 
 def test_custom_pattern_nested_zip_and_newest_duplicate(course_root, release, tmp_path):
@@ -129,9 +129,10 @@ def test_unmatched_files_are_reported_with_reasons(course_root, release, tmp_pat
 
 
 def test_student_ids_and_patterns():
-    assert student_id("  Zoë  O'Brien ") == "zoe_o_brien"
-    assert find_student("Jane Doe_1_assignsubmission_file_/x.ipynb", compile_pattern("moodle")) == "jane_doe"
-    assert find_student("alice/hw/x.ipynb", compile_pattern("folder")) == "alice"
+    assert student_id("  Zoë  O'Brien ").startswith("zoë_o_brien-"), "Unicode kept; a lossy id gets a hash"
+    assert student_id("alice") == "alice"
+    assert find_student("Jane Doe_1_assignsubmission_file_/x.ipynb", compile_pattern("moodle")).student == "jane_doe_1"
+    assert find_student("alice/hw/x.ipynb", compile_pattern("folder")).student == "alice"
     with pytest.raises(ValueError, match="named group"):
         compile_pattern(r"(\w+)_")
     with pytest.raises(ValueError, match="not a valid regular expression"):
@@ -232,3 +233,272 @@ def test_unreadable_files_say_why():
         repair.read_submission(b'{"cells": [')
     with pytest.raises(repair.UnreadableNotebook, match="not a Jupyter notebook"):
         repair.read_submission(b'{"hello": 1}')
+
+
+# --- a damaged class never stops collect or repair ---------------------------------------------
+
+
+def zip_with_times(files: list[tuple[str, bytes, tuple]], compression=zipfile.ZIP_DEFLATED) -> bytes:
+    """A zip whose members carry the given (year, month, day, hour, minute, second) times, in order."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression) as archive:
+        for name, content, when in files:
+            archive.writestr(zipfile.ZipInfo(name, date_time=when), content, compress_type=compression)
+    return buffer.getvalue()
+
+
+def corrupt_member(data: bytes, name: str) -> bytes:
+    """The zip with one byte in the middle of ``name``'s stored data flipped (its CRC no longer matches)."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        info = archive.getinfo(name)
+    raw = bytearray(data)
+    header = info.header_offset
+    name_len = int.from_bytes(raw[header + 26 : header + 28], "little")
+    extra_len = int.from_bytes(raw[header + 28 : header + 30], "little")
+    start = header + 30 + name_len + extra_len
+    raw[start + info.compress_size // 2] ^= 0xFF
+    return bytes(raw)
+
+
+def malformed(release, kind: str) -> bytes:
+    """A notebook that is valid JSON but has one malformed part (the shapes the issue lists)."""
+    data = json.loads(nbformat.writes(release))
+    graded = next(c for c in data["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "ex1_4")
+    if kind == "nbgrader-string":
+        graded["metadata"]["nbgrader"] = "ex1_4"
+    elif kind == "source-number":
+        data["cells"][0]["source"] = 42
+    elif kind == "autograder-string":
+        data["metadata"]["autograder"] = "<a href='javascript:alert(1)'>grade: 1000</a>"
+    elif kind == "cells-object":
+        data["cells"] = {"0": data["cells"][0]}
+    elif kind == "grade-id-list":
+        graded["metadata"]["nbgrader"]["grade_id"] = ["ex1_4"]
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize("kind", ["nbgrader-string", "source-number", "autograder-string", "grade-id-list"])
+def test_malformed_but_mendable_notebooks_are_collected_and_repaired(course_root, release, tmp_path, kind):
+    from autograder.course_dir import Course
+    from autograder.pipeline import repair_submissions
+
+    download = tmp_path / "class.zip"
+    download.write_bytes(make_zip({f"amy/{NAME}": malformed(release, kind), f"bob/{NAME}": as_bytes(release)}))
+    report = collect(download, course_root, [ASSIGNMENT], "folder")
+    assert sorted(e.student for e in report.collected) == ["amy", "bob"]
+    done = repair_submissions(Course(course_root), ASSIGNMENT)
+    fixed = notebooks.read(course_root / "submitted" / "amy" / ASSIGNMENT / NAME)
+    nbformat.validate(fixed)
+    assert graded_metadata(fixed) == graded_metadata(release)
+    assert "javascript" not in json.dumps(fixed.metadata), "planted grader notes are dropped"
+    assert set(done) == {"amy", "bob"} and not Course(course_root).flags(ASSIGNMENT)
+
+
+def test_unreadable_notebooks_are_listed_and_their_students_marked_for_manual_grading(course_root, release, tmp_path):
+    from autograder.course_dir import Course
+
+    good = as_bytes(release)
+    files = [
+        (f"amy/{NAME}", malformed(release, "cells-object"), (2026, 1, 1, 9, 0, 0)),
+        (f"bob/{NAME}", good, (2026, 1, 1, 9, 0, 0)),
+        (f"cat/{NAME}", good, (2026, 1, 1, 9, 0, 0)),
+        (f"dan/{NAME}", good, (2026, 1, 1, 9, 0, 0)),
+    ]
+    stored = corrupt_member(zip_with_times(files[:3], zipfile.ZIP_STORED), f"bob/{NAME}")  # bad CRC
+    deflated = corrupt_member(zip_with_times(files[3:]), f"dan/{NAME}")  # broken deflate stream
+    inner = corrupt_member(zip_with_times([(NAME, good, (2026, 1, 1, 9, 0, 0))]), NAME)
+    download = tmp_path / "class.zip"
+    download.write_bytes(make_zip({"part1.zip": stored, "part2.zip": deflated, "eve/eve-own.zip": inner}))
+    report = collect(download, course_root, [ASSIGNMENT], r"(?:^|/)(?P<student>amy|bob|cat|dan|eve)/")
+    assert [e.student for e in report.collected] == ["cat"]
+    reasons = {e.source: e.reason for e in report.unmatched}
+    assert "cells are a dict" in reasons[f"part1/amy/{NAME}"]
+    assert "damaged in the zip" in reasons[f"part1/bob/{NAME}"] and "CRC" in reasons[f"part1/bob/{NAME}"]
+    assert "damaged in the zip" in reasons[f"part2/dan/{NAME}"]
+    assert "damaged in the zip" in reasons[f"eve/eve-own/{NAME}"], "a student's own zip with a damaged member"
+    flags = Course(course_root).flags(ASSIGNMENT)
+    assert set(flags) == {"amy", "bob", "dan", "eve"} == set(report.manual)
+    assert Course(course_root).students(ASSIGNMENT) == ["amy", "bob", "cat", "dan", "eve"], "flagged students get a row"
+
+
+def test_every_entry_of_the_archive_is_in_the_report(course_root, release, tmp_path):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(f"amy/{NAME}", as_bytes(release))
+        archive.writestr("../escape/prefill_decode.ipynb", as_bytes(release))
+        archive.writestr(f".hidden/{NAME}", as_bytes(release))
+        archive.writestr(f"__MACOSX/amy/._{NAME}", b"\x00\x05")
+        archive.writestr("bob/empty.zip", make_zip({}))
+        archive.writestr("cat/", b"")
+        link = zipfile.ZipInfo(f"dan/{NAME}")
+        link.create_system, link.external_attr = 3, (0o120777 << 16)
+        archive.writestr(link, "../../solutions/m1_prefill_decode/prefill_decode.ipynb")
+    download = tmp_path / "class.zip"
+    download.write_bytes(buffer.getvalue())
+    report = collect(download, course_root, [ASSIGNMENT], "folder")
+    with zipfile.ZipFile(download) as archive:
+        entries = set(archive.namelist())
+    listed = {e.source for group in (report.collected, report.unmatched, report.superseded) for e in group}
+    assert listed == entries
+    reasons = {e.source: e.reason for e in report.unmatched}
+    assert "unsafe path" in reasons["../escape/prefill_decode.ipynb"]
+    assert "hidden" in reasons[f".hidden/{NAME}"] and "hidden" in reasons[f"__MACOSX/amy/._{NAME}"]
+    assert reasons["bob/empty.zip"] == "an empty zip file"
+    assert "symbolic link" in reasons[f"dan/{NAME}"]
+    assert [e.student for e in report.collected] == ["amy"]
+
+
+def test_a_folder_input_never_follows_symlinks(course_root, release, tmp_path):
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    (solutions / NAME).write_bytes(as_bytes(release))
+    folder = tmp_path / "in"
+    (folder / "amy").mkdir(parents=True)
+    (folder / "amy" / NAME).symlink_to(solutions / NAME)
+    (folder / "bob").symlink_to(solutions, target_is_directory=True)
+    report = collect(folder, course_root, [ASSIGNMENT], "folder")
+    assert report.collected == []
+    reasons = {e.source: e.reason for e in report.unmatched}
+    assert "symbolic link" in reasons[f"amy/{NAME}"] and "symbolic link" in reasons["bob"]
+
+
+def test_members_are_streamed_with_bounds(course_root, release, tmp_path, monkeypatch):
+    import tracemalloc
+
+    from autograder import collect as collect_module
+
+    zeros = b"\0" * (20 * 2**20)
+    download = tmp_path / "zeros.zip"
+    with zipfile.ZipFile(download, "w", zipfile.ZIP_DEFLATED) as archive:
+        for number in range(20):
+            archive.writestr(f"s{number}/{NAME}", zeros)
+    assert download.stat().st_size < 2**20
+    tracemalloc.start()
+    report = collect(download, course_root, [ASSIGNMENT], "folder")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(report.unmatched) == 20 and report.collected == []
+    assert peak < 120 * 2**20, f"collect held {peak / 2**20:.0f} MiB for a 400 MiB download"
+    # and the bounds: a member over the per-member limit, members past the per-archive limit
+    monkeypatch.setattr(collect_module, "MAX_FILE_BYTES", 25 * 2**20)
+    monkeypatch.setattr(collect_module, "MAX_ARCHIVE_BYTES", 50 * 2**20)
+    report = collect(download, course_root, [ASSIGNMENT], "folder")
+    reasons = [e.reason for e in report.unmatched]
+    assert len(reasons) == 20 and all("not valid notebook JSON" in r for r in reasons[:2]), reasons[:3]
+    assert all("50 MiB read limit" in r for r in reasons[2:]), reasons
+
+
+def test_repair_never_stops_the_class(course_root, release, tmp_path, monkeypatch):
+    from autograder.course_dir import Course
+    from autograder.pipeline import repair_submissions
+
+    folder = tmp_path / "in"
+    for student in ("amy", "bob"):
+        (folder / student).mkdir(parents=True)
+        (folder / student / NAME).write_bytes(as_bytes(release))
+    collect(folder, course_root, [ASSIGNMENT], "folder")
+    real = repair.repair
+    course = Course(course_root)
+    calls = []
+
+    def tracking(nb, rel):
+        calls.append(1)
+        if len(calls) == 1:  # the first student (amy) cannot be repaired
+            raise KeyError("a shape nobody foresaw")
+        return real(nb, rel)
+
+    monkeypatch.setattr(repair, "repair", tracking)
+    done = repair_submissions(course, ASSIGNMENT)
+    assert "could not be repaired (KeyError" in done["amy"][0]
+    assert not (course_root / "submitted" / "amy" / ASSIGNMENT / NAME).exists(), "not graded as it is"
+    assert (course_root / "grading" / ASSIGNMENT / "received" / "amy" / NAME).is_file(), "kept as received"
+    assert (course_root / "submitted" / "bob" / ASSIGNMENT / NAME).is_file()
+    assert list(course.flags(ASSIGNMENT)) == ["amy"] and course.students(ASSIGNMENT) == ["amy", "bob"]
+
+
+# --- student ids that cannot collide ---------------------------------------------------------------
+
+
+def test_ids_keep_lms_user_ids_unicode_case_and_length(course_root, release, tmp_path):
+    long_a, long_b = "x" * 70 + "a", "x" * 70 + "b"
+    download = tmp_path / "class.zip"
+    nb = as_bytes(release)
+    download.write_bytes(
+        make_zip(
+            {
+                "José García_666666_assignsubmission_file_/prefill_decode.ipynb": nb,
+                "Jose Garcia_777777_assignsubmission_file_/prefill_decode.ipynb": nb,
+            }
+        )
+    )
+    moodle = {e.student for e in collect(download, course_root, [ASSIGNMENT]).collected}
+    assert moodle == {"josé_garcía_666666", "jose_garcia_777777"}
+    canvas = tmp_path / "canvas"
+    canvas.mkdir()
+    for name in ("smithjohn_111_9_prefill_decode.ipynb", "smithjohn_222_9_x.ipynb", "smithjohn_LATE_333_9_y.ipynb"):
+        (canvas / name).write_bytes(nb)
+    got = {e.student for e in collect(canvas, course_root, [ASSIGNMENT]).collected}
+    assert got == {"smithjohn_111", "smithjohn_222", "smithjohn_333"}
+    folders = tmp_path / "folders"
+    for person in ("张伟", "Иван Петров", "Alice", "alice", long_a, long_b):
+        (folders / person).mkdir(parents=True)
+        (folders / person / "Copy of prefill_decode.ipynb").write_bytes(nb)
+    got = sorted(e.student for e in collect(folders, course_root, [ASSIGNMENT]).collected)
+    assert len(got) == 6 and len(set(got)) == 6, got
+    assert "张伟" in got and "alice" in got and any(g.startswith("иван_петров-") for g in got)
+    assert all(len(g) <= 64 for g in got)
+    # the same person gets the same id in every collect
+    assert student_id("Иван Петров") == student_id("Иван  Петров ") == student_id("Иван Петров")
+
+
+def test_blackboard_and_gradescope_exports(course_root, release, tmp_path):
+    nb = as_bytes(release)
+    answered = as_bytes(
+        notebooks.with_answers(release, {"ex1_4": "# EXERCISE: ex1_4\ndef quiz_answers():\n    return {}"})
+    )
+    blackboard = tmp_path / "bb.zip"
+    blackboard.write_bytes(  # the newer attempt first in the zip: order must not matter
+        make_zip(
+            {
+                "Module 1_jdoe7_attempt_2026-11-30-22-10-05_prefill_decode.ipynb": answered,
+                "Module 1_jdoe7_attempt_2026-11-29-08-00-00_prefill_decode.ipynb": nb,
+                "Module 1_jdoe7_attempt_2026-11-30-22-10-05.txt": b"Name: Jane Doe",
+            }
+        )
+    )
+    report = collect(blackboard, course_root, [ASSIGNMENT])
+    assert [e.student for e in report.collected] == ["jdoe7"]
+    assert "2026-11-30-22-10-05" in report.collected[0].source and len(report.superseded) == 1
+    metadata = (
+        "submission_101:\n  :submitters:\n  - :name: Jane Doe\n    :sid: '2026001'\n    :email: jane@uni.edu\n"
+        "  :created_at: 2026-11-30 10:00:00.000000000 +00:00\n"
+        "submission_102:\n  :submitters:\n  - :name: Jane Doe\n    :sid: '2026002'\n    :email: other@uni.edu\n"
+        "  :created_at: 2026-11-30 11:00:00.000000000 +00:00\n"
+    )
+    gradescope = tmp_path / "gs.zip"
+    gradescope.write_bytes(
+        make_zip(
+            {
+                "assignment_9_export/submission_metadata.yml": metadata.encode(),
+                f"assignment_9_export/submission_101/{NAME}": nb,
+                f"assignment_9_export/submission_102/{NAME}": nb,
+            }
+        )
+    )
+    report = collect(gradescope, course_root, [ASSIGNMENT])
+    assert sorted(e.student for e in report.collected) == ["jane_doe_2026001", "jane_doe_2026002"]
+
+
+@pytest.mark.parametrize("order", [("a", "b"), ("b", "a")])
+def test_a_tie_is_reported_never_resolved_by_zip_order(course_root, release, tmp_path, order):
+    from autograder.course_dir import Course
+
+    same = (2026, 11, 30, 23, 59, 58)
+    files = {"a": (f"amy/{NAME}", as_bytes(release), same), "b": (f"amy/Copy of {NAME}", as_bytes(release), same)}
+    download = tmp_path / "class.zip"
+    download.write_bytes(zip_with_times([files[key] for key in order]))
+    report = collect(download, course_root, [ASSIGNMENT], "folder")
+    assert [e.source for e in report.collected] == [f"amy/{NAME}"], "the same file whatever the zip order"
+    assert [e.source for e in report.superseded] == [f"amy/Copy of {NAME}"]
+    assert "same time" in report.manual["amy"][0]
+    assert "same time" in Course(course_root).flag_reasons(ASSIGNMENT, "amy")[0]

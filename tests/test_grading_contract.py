@@ -17,7 +17,7 @@ import pytest
 from autograder import notebooks
 from autograder.config import assignments
 from autograder.execution import has_error
-from autograder.grading import autograde
+from autograder.throwaway import autograde
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "answers"

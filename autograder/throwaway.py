@@ -6,6 +6,9 @@ directory holding only what grading needs: the nbgrader sources of one assignmen
 The submissions are then graded exactly as an instructor's class is: in parallel worker processes,
 each student in its own sandbox (:mod:`autograder.sandbox`; unconfined where bubblewrap cannot run),
 with scores merged into the course's gradebook.
+
+(Named for what it builds, and so that it does not collide with :mod:`course.grading`, the helpers
+the notebooks' test cells use.)
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ def autograde(
     import nbformat
     from nbgrader.api import Gradebook, MissingEntry
 
-    from autograder.pipeline import Course, grade
+    from autograder.course_dir import Course
+    from autograder.pipeline import grade
     from autograder.sandbox import Limits
 
     workdir = Path(workdir or tempfile.mkdtemp(prefix=f"grade-{assignment}-"))

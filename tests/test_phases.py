@@ -133,3 +133,19 @@ def test_percentile_label_warns_when_no_sample_lies_above_it():
     assert noise.percentile_label(50, 7) == "p50 (n=7)"
     assert "too few samples" in noise.percentile_label(95, 10)
     assert "too few samples" not in noise.percentile_label(95, 40)
+
+
+def test_phases_benchmark_prints_one_json_object_with_the_issue_keys():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "benchmarks" / "phases.py"
+    command = [sys.executable, str(script), "--tiny", "--quick", "--json", "--paths", "stock", "--threads", "1"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True).stdout
+    figures = json.loads(out)
+    for key in ("decode_bandwidth_fraction", "decode_step_ratio_batch8", "prefill_flops_fraction",
+                "measured_bandwidth_gbs", "measured_flops_gflops", "model_params", "device"):  # fmt: skip
+        assert key in figures, key
+    assert figures["model"] == models.TINY_NAME and figures["threads"] == 1 and len(figures["runs"]) == 1

@@ -139,21 +139,25 @@ def decode_sweep(
     return [decode_step_seconds(lm, b, context, steps, prefill=prefill) for b in _progress(batch_sizes, "decode sweep")]
 
 
-def greedy_step_times(lm: LanguageModel, prompt_tokens: int, new_tokens: int, use_cache: bool) -> list[float]:
+def greedy_step_times(
+    lm: LanguageModel, prompt_tokens: int, new_tokens: int, use_cache: bool, progress: str | None = None
+) -> list[float]:
     """Seconds per generated token, generating greedily with or without the KV cache.
 
     Without the cache every step runs the model over the whole sequence so far (prompt plus
-    everything generated), which is what generation cost before KV caching.
+    everything generated), which is what generation cost before KV caching. ``progress``: a
+    description for a progress bar over the steps (None: no bar).
     """
     import torch
 
     ids = lm.random_ids(1, prompt_tokens)
     times = []
+    steps = _progress(range(new_tokens), progress) if progress else range(new_tokens)
     with torch.inference_mode():
         if use_cache:
             logits, cache = forward(lm.model, ids, new_cache(lm.model))
             next_ids = logits[:, -1:].argmax(-1)
-        for _ in range(new_tokens):
+        for _ in steps:
             synchronize(lm)
             start = time.perf_counter()
             if use_cache:
@@ -165,6 +169,18 @@ def greedy_step_times(lm: LanguageModel, prompt_tokens: int, new_tokens: int, us
             synchronize(lm)
             times.append(time.perf_counter() - start)
     return times
+
+
+def greedy_step_timings(
+    lm: LanguageModel, prompt_tokens: int, new_tokens: int, use_cache: bool, repeats: int = 3
+) -> list[Timing]:
+    """:func:`greedy_step_times` repeated: one Timing per generated token (size = its position, 1-based)."""
+    label = "with the KV cache" if use_cache else "without the cache"
+    runs = [
+        greedy_step_times(lm, prompt_tokens, new_tokens, use_cache, progress=f"{label}, run {r + 1}/{repeats}")
+        for r in range(repeats)
+    ]
+    return [Timing.of(step + 1, [run[step] for run in runs]) for step in range(new_tokens)]
 
 
 def generate_in_process(
@@ -219,7 +235,7 @@ def serve_one_at_a_time(
         raise ValueError("give one output length per prompt length")
     prompts = [lm.random_ids(1, n, seed=seed + i) for i, n in enumerate(prompt_lengths)]
     arrival = time.perf_counter()
+    requests = _progress(list(enumerate(zip(prompts, output_lengths))), "serving one at a time")
     return [
-        generate_in_process(lm, prompt, n_out, request_id=str(i), send_time=arrival)
-        for i, (prompt, n_out) in enumerate(zip(prompts, output_lengths))
+        generate_in_process(lm, prompt, n_out, request_id=str(i), send_time=arrival) for i, (prompt, n_out) in requests
     ]

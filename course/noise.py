@@ -141,3 +141,19 @@ def percentile_label(q: float, n: int) -> str:
     if q > 50 and tail_samples(n, q) < 1:
         label += f" [too few samples: none lies above a p{q:g}, so it is only near the maximum]"
     return label
+
+
+def check_load(claim: str, *, load: float | None | str = "measure") -> NoiseCheck:
+    """The load-average half of :func:`check`, for runs whose spread is the subject (a load test's latencies)."""
+    if load == "measure":
+        load = load_per_core()
+    if load is None:
+        message = f"Load average unknown on this platform: make sure nothing else runs while measuring {claim}."
+        return NoiseCheck(True, 0.0, 0, None, message)
+    if load > BUSY_LOAD_PER_CORE:
+        message = (
+            f"NOISE CHECK FAILED (load average {load:.2f} per core): other programs are using the CPU, so these "
+            f"figures are too noisy to support {claim}. Close other work and rerun this cell."
+        )
+        return NoiseCheck(False, 0.0, 0, load, message)
+    return NoiseCheck(True, 0.0, 0, load, f"Noise check passed (load average {load:.2f} per core) for {claim}.")

@@ -149,3 +149,9 @@ def test_phases_benchmark_prints_one_json_object_with_the_issue_keys():
                 "measured_bandwidth_gbs", "measured_flops_gflops", "model_params", "device"):  # fmt: skip
         assert key in figures, key
     assert figures["model"] == models.TINY_NAME and figures["threads"] == 1 and len(figures["runs"]) == 1
+
+
+def test_load_check_flags_a_busy_machine():
+    assert noise.check_load("x", load=0.3).ok
+    busy = noise.check_load("the TTFT percentiles", load=2.5)
+    assert not busy.ok and "too noisy to support the TTFT percentiles" in busy.message

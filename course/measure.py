@@ -171,16 +171,20 @@ def greedy_step_times(
     return times
 
 
-def greedy_step_timings(
+def greedy_runs(
     lm: LanguageModel, prompt_tokens: int, new_tokens: int, use_cache: bool, repeats: int = 3
-) -> list[Timing]:
-    """:func:`greedy_step_times` repeated: one Timing per generated token (size = its position, 1-based)."""
+) -> list[list[float]]:
+    """:func:`greedy_step_times` repeated ``repeats`` times: one list of per-step seconds per run."""
     label = "with the KV cache" if use_cache else "without the cache"
-    runs = [
+    return [
         greedy_step_times(lm, prompt_tokens, new_tokens, use_cache, progress=f"{label}, run {r + 1}/{repeats}")
         for r in range(repeats)
     ]
-    return [Timing.of(step + 1, [run[step] for run in runs]) for step in range(new_tokens)]
+
+
+def per_step_timings(runs: Sequence[Sequence[float]]) -> list[Timing]:
+    """One Timing per generated token across runs (size = the token's position, 1-based)."""
+    return [Timing.of(step + 1, [run[step] for run in runs]) for step in range(min(len(run) for run in runs))]
 
 
 def generate_in_process(

@@ -137,10 +137,9 @@ def percentile_label(q: float, n: int) -> str:
     With n = 10, p95 and p99 are interpolated between the two largest samples: they describe
     the maximum, not a tail the next 100 requests will see.
     """
-    label = f"p{q:g} (n={n})"
     if q > 50 and tail_samples(n, q) < 1:
-        label += f" [too few samples: none lies above a p{q:g}, so it is only near the maximum]"
-    return label
+        return f"p{q:g} (n={n}: too few for a p{q:g}, read it as the max)"
+    return f"p{q:g} (n={n})"
 
 
 def check_load(claim: str, *, load: float | None | str = "measure") -> NoiseCheck:

@@ -131,8 +131,8 @@ def test_noise_check_passes_steady_timings_and_flags_noisy_or_busy_ones():
 
 def test_percentile_label_warns_when_no_sample_lies_above_it():
     assert noise.percentile_label(50, 7) == "p50 (n=7)"
-    assert "too few samples" in noise.percentile_label(95, 10)
-    assert "too few samples" not in noise.percentile_label(95, 40)
+    assert "too few for a p95" in noise.percentile_label(95, 10)
+    assert "too few" not in noise.percentile_label(95, 40)
 
 
 def test_phases_benchmark_prints_one_json_object_with_the_issue_keys():

@@ -10,7 +10,7 @@ prefill at >= 512 tokens >= 50 % of the measured matmul FLOP/s.
 
     .venv/bin/python benchmarks/phases.py                      # a table per path
     .venv/bin/python benchmarks/phases.py --json               # one JSON object (the first path)
-    .venv/bin/python benchmarks/phases.py --paths stock onednn-packed --dtypes float32 bfloat16 --threads 1 2
+    .venv/bin/python benchmarks/phases.py --paths stock weight-major --dtypes float32 bfloat16 --threads 1 2
 
 With ``--json`` the one object holds the figures of the first configuration at top level
 (``decode_bandwidth_fraction``, ``decode_step_ratio_batch8``, ``prefill_flops_fraction``,
@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--quick", action="store_true", help="short sweeps (smoke test; the figures are rough)")
     parser.add_argument(
-        "--paths", nargs="+", default=[kernels.PACKED, kernels.STOCK], choices=list(kernels.KERNEL_PATHS)
+        "--paths",
+        nargs="+",
+        default=[kernels.PACKED, kernels.STOCK, kernels.WEIGHT_MAJOR],
+        choices=list(kernels.KERNEL_PATHS),
     )
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=DTYPES)
     parser.add_argument("--threads", nargs="+", type=int, default=None, help="torch threads (default: torch's own)")

@@ -8,8 +8,10 @@ blocking that reads the weights several times, and the step grows with the batch
 physics says it should not. Reordering each weight once into oneDNN's blocked layout (what
 ``torch.compile`` with freezing does on a CPU) lets every batch size read it once.
 
-:func:`use_kernel_path` switches a model between the two in place; module 1 and
-``benchmarks/phases.py`` measure both side by side.
+A third path writes the same product as ``W @ X^T`` (a matrix times a few vectors), which asks
+BLAS for a different kernel shape without any reordering. :func:`use_kernel_path` switches a
+model between them in place; module 1 measures the stock and packed paths side by side,
+``benchmarks/phases.py`` all three.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from typing import Any
 
 STOCK = "stock"
 PACKED = "onednn-packed"
+WEIGHT_MAJOR = "weight-major"
 KERNEL_PATHS = {
     STOCK: "torch.nn.functional.linear on the plain weights (MKL / oneDNN choose the kernel per call)",
     PACKED: "oneDNN linear on weights reordered once into its blocked layout (torch.ops.mkldnn)",
+    WEIGHT_MAJOR: "the same product written W @ X^T, a matrix times a few vectors (another BLAS kernel shape)",
 }
 
 
@@ -49,12 +53,24 @@ def _packed_forward(packed, bias):
     return forward
 
 
+def _weight_major_forward(weight, bias):
+    def forward(x):
+        flat = x.reshape(-1, x.shape[-1])  # (tokens, d_in)
+        out = (weight @ flat.T).T  # (d_out, d_in) @ (d_in, tokens): the batch is the narrow side
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+
+    return forward
+
+
 def use_kernel_path(model: Any, path: str) -> int:
     """Make every ``nn.Linear`` of ``model`` run on ``path`` (``STOCK`` or ``PACKED``); in place.
 
     The packed path keeps a reordered copy of each weight beside the original (the original
     stays for the stock path and for tied embeddings). Returns how many layers were switched.
-    Raises ValueError for an unknown path or one this runtime cannot run.
+    The weight-major path runs anywhere (CPU or GPU). Raises ValueError for an unknown path or
+    one this runtime cannot run.
     """
     import torch
 
@@ -68,6 +84,8 @@ def use_kernel_path(model: Any, path: str) -> int:
             continue
         if path == STOCK:
             module.__dict__.pop("forward", None)  # back to the class's own forward
+        elif path == WEIGHT_MAJOR:
+            module.forward = _weight_major_forward(module.weight, module.bias)
         else:
             packed = getattr(module, "_course_packed_weight", None)
             if packed is None:

@@ -62,15 +62,18 @@ def test_packed_kernel_path_computes_the_same_logits_and_switches_back(dtype):
         stock = lm.model(ids).logits.float()
         assert kernels.use_kernel_path(lm.model, kernels.PACKED) == 29  # 4 layers x 7 linears + lm_head
         packed = lm.model(ids).logits.float()
+        kernels.use_kernel_path(lm.model, kernels.WEIGHT_MAJOR)
+        weight_major = lm.model(ids).logits.float()
         kernels.use_kernel_path(lm.model, kernels.STOCK)
         again = lm.model(ids).logits.float()
-    assert torch.allclose(stock, packed, atol=1e-4 if dtype == torch.float32 else 5e-2)
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    assert torch.allclose(stock, packed, atol=tolerance) and torch.allclose(stock, weight_major, atol=tolerance)
     assert torch.equal(stock, again) and kernels.kernel_path(lm.model) == kernels.STOCK
 
 
 def test_unknown_kernel_path_names_the_known_ones():
     lm = models.build_tiny_model(seed=0)
-    with pytest.raises(ValueError, match="choose one of stock, onednn-packed"):
+    with pytest.raises(ValueError, match="choose one of stock, onednn-packed, weight-major"):
         kernels.use_kernel_path(lm.model, "fast")
 
 

@@ -168,26 +168,112 @@ def gpu(name: str) -> HardwareSpec:
     raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}")
 
 
-def measure_runtime(device: str = "cpu", *, quick: bool = False) -> HardwareSpec:
-    """Measure this runtime's achievable matmul FLOP/s and copy bandwidth.
+@dataclass(frozen=True)
+class MeasuredRoofs:
+    """The two roofs of this runtime, measured, with the spread of their repeats.
 
-    Matmul: a square fp32 (CPU) or fp16 (GPU) product, 2·n³ FLOPs. Bandwidth: copying a
-    buffer far larger than the caches, counted as bytes read plus bytes written. Best of a
-    few runs, so the figures are what this runtime can reach, not what it usually gets.
+    bandwidth: bytes/s of a streaming read far larger than the last-level cache (best of n).
+    flops: FLOP/s of a square matmul in ``dtype`` (best of n).
+    *_times: the timed repeats (s), for the noise check.
+    """
+
+    device: str
+    name: str
+    dtype: str
+    bandwidth: float
+    flops: float
+    read_bytes: int
+    matmul_n: int
+    read_times: tuple[float, ...]
+    matmul_times: tuple[float, ...]
+    last_level_cache_bytes: int | None
+    memory_bytes: float
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOP/byte where the two roofs meet."""
+        return self.flops / self.bandwidth
+
+    @property
+    def source(self) -> str:
+        llc = (
+            f"{self.last_level_cache_bytes / 2**20:.0f} MiB last-level cache"
+            if self.last_level_cache_bytes
+            else "last-level cache size unknown"
+        )
+        return (
+            f"measured on this runtime: best of {len(self.matmul_times)} {self.matmul_n}x{self.matmul_n} "
+            f"{self.dtype} matmuls, best of {len(self.read_times)} streaming reads of "
+            f"{self.read_bytes / 2**20:,.0f} MiB ({llc})"
+        )
+
+    def spec(self) -> HardwareSpec:
+        return HardwareSpec(self.name, self.memory_bytes, self.bandwidth, self.flops, self.source)
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size of the largest CPU cache (bytes) where the OS tells it (Linux sysfs, macOS sysctl)."""
+    import glob
+    import subprocess
+    import sys
+
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if text and text[-1] in units and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    if not sizes and sys.platform == "darwin":
+        for key in ("hw.l3cachesize", "hw.l2cachesize"):
+            try:
+                out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if out.strip().isdigit() and int(out) > 0:
+                sizes.append(int(out))
+    return max(sizes) if sizes else None
+
+
+def measure_roofs(device: str = "cpu", dtype=None, *, quick: bool = False, repeats: int = 5) -> MeasuredRoofs:
+    """Measure this runtime's memory roof (streaming read) and compute roof (matmul in ``dtype``).
+
+    Memory: ``x.sum()`` over an fp32 buffer of at least 4x the last-level cache (1 GiB at the
+    least, 256 MiB in quick mode), counted as the bytes read: what a decode step does with the
+    weights. A buffer that fit in the cache would measure the cache, not the memory. Compute: a
+    square matmul, 2 n³ FLOPs, in the dtype the model runs (fp32 on a CPU unless told; bf16 or
+    fp16 on a GPU). Best of ``repeats`` runs after a warm-up: the roofs are what this runtime
+    can reach; the repeats are kept so a noise check can see how steady they were.
     """
     import torch
 
     on_gpu = device.startswith("cuda")
-    dtype = torch.float16 if on_gpu else torch.float32
+    if dtype is None:
+        dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if on_gpu else torch.float32
     n = (4096 if on_gpu else 1024) if quick else (8192 if on_gpu else 2048)
-    copy_bytes = (64 if quick else 256) * 2**20
+    llc = None if on_gpu else last_level_cache_bytes()
+    floor = (256 if quick else 1024) * 2**20
+    read_bytes = max(floor, 4 * (llc or 0))
+    if on_gpu:
+        memory = float(torch.cuda.get_device_properties(0).total_memory)
+        name = torch.cuda.get_device_name(0)
+    else:
+        memory = _physical_memory_bytes()
+        name = f"this CPU ({torch.get_num_threads()} threads)"
+        if memory == memory:  # not NaN: never take more than an eighth of the machine's memory
+            read_bytes = min(read_bytes, int(memory // 8))
 
     def sync() -> None:
         if on_gpu:
             torch.cuda.synchronize()
 
-    def best_time(fn, repeats: int) -> float:
-        fn()  # warm-up: allocation, kernel selection
+    def timed(fn) -> tuple[float, ...]:
+        fn()  # warm-up: allocation, kernel selection, page faults
         sync()
         times = []
         for _ in range(repeats):
@@ -195,28 +281,36 @@ def measure_runtime(device: str = "cpu", *, quick: bool = False) -> HardwareSpec
             fn()
             sync()
             times.append(time.perf_counter() - start)
-        return min(times)
+        return tuple(times)
 
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    matmul_s = best_time(lambda: a @ b, repeats=3)
-    src = torch.empty(copy_bytes // 4, device=device, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    copy_s = best_time(lambda: dst.copy_(src), repeats=5)
-    if on_gpu:
-        memory = torch.cuda.get_device_properties(0).total_memory
-        name = torch.cuda.get_device_name(0)
-    else:
-        memory = _physical_memory_bytes()
-        name = f"this CPU ({torch.get_num_threads()} threads)"
-    return HardwareSpec(
+    factors = [torch.randn(n, n, device=device).to(dtype) for _ in range(2)]
+    matmul_times = timed(lambda: factors[0] @ factors[1])
+    factors.clear()  # free them before the large buffer is allocated
+    buffers = [torch.ones(read_bytes // 4, device=device, dtype=torch.float32)]
+    read_times = timed(lambda: buffers[0].sum())
+    buffers.clear()
+    return MeasuredRoofs(
+        device=device,
         name=name,
-        memory_bytes=float(memory),
-        bandwidth=2 * copy_bytes / copy_s,
-        flops=2 * n**3 / matmul_s,
-        source=f"measured on this runtime: {n}x{n} {str(dtype).removeprefix('torch.')} matmul, "
-        f"{copy_bytes // 2**20} MiB copy",
+        dtype=str(dtype).removeprefix("torch."),
+        bandwidth=read_bytes / min(read_times),
+        flops=2 * n**3 / min(matmul_times),
+        read_bytes=read_bytes,
+        matmul_n=n,
+        read_times=read_times,
+        matmul_times=matmul_times,
+        last_level_cache_bytes=llc,
+        memory_bytes=memory,
     )
+
+
+def measure_runtime(device: str = "cpu", *, quick: bool = False, dtype=None) -> HardwareSpec:
+    """This runtime as a :class:`HardwareSpec`: measured matmul FLOP/s and memory bandwidth.
+
+    See :func:`measure_roofs` for what is measured (a streaming read far larger than the
+    last-level cache, a matmul in ``dtype``) and for the repeats behind the figures.
+    """
+    return measure_roofs(device, dtype, quick=quick).spec()
 
 
 def _physical_memory_bytes() -> float:

@@ -3,7 +3,8 @@
 Every function times real forward passes of a :class:`~course.models.LanguageModel` with
 ``time.perf_counter`` (synchronising the GPU first where there is one) and returns plain
 numbers in seconds. Repeated timings report the median, which shrugs off the odd slow run
-on a shared machine; the spread is kept where a plot wants it.
+on a shared machine, with their count and extremes, so :func:`course.noise.check` can say
+whether the runtime was quiet enough for the conclusion drawn from them.
 """
 
 from __future__ import annotations
@@ -53,38 +54,72 @@ class Timing:
     median: float
     low: float
     high: float
+    n: int = 1  # how many timed repeats
 
     @classmethod
     def of(cls, size: int, times: Sequence[float]) -> Timing:
-        return cls(size, statistics.median(times), min(times), max(times))
+        if not times:
+            raise ValueError("a timing needs at least one measured time")
+        return cls(size, statistics.median(times), min(times), max(times), len(times))
 
 
-def prefill_seconds(lm: LanguageModel, prompt_tokens: int, batch: int = 1, repeats: int = 3) -> Timing:
+def prefill_seconds(lm: LanguageModel, prompt_tokens: int, batch: int = 1, repeats: int = 3, warmup: int = 1) -> Timing:
     """Time one prefill: a forward pass over the whole prompt into an empty cache."""
     import torch
 
     ids = lm.random_ids(batch, prompt_tokens)
     with torch.inference_mode():
-        times = time_repeated(lambda: forward(lm.model, ids, new_cache(lm.model)), lm, repeats)
+        times = time_repeated(lambda: forward(lm.model, ids, new_cache(lm.model)), lm, repeats, warmup)
     return Timing.of(prompt_tokens, times)
 
 
 def prefill_sweep(lm: LanguageModel, lengths: Sequence[int], repeats: int = 3) -> list[Timing]:
-    """Prefill latency at each prompt length (batch 1)."""
-    return [prefill_seconds(lm, n, repeats=repeats) for n in _progress(lengths, "prefill sweep")]
+    """Prefill latency at each prompt length (batch 1).
+
+    Only the first length gets an untimed warm-up run: one is enough to select the kernels,
+    and on a realistic model a warm-up of every long prompt would double the sweep's time.
+    """
+    return [
+        prefill_seconds(lm, n, repeats=repeats, warmup=1 if i == 0 else 0)
+        for i, n in enumerate(_progress(lengths, "prefill sweep"))
+    ]
 
 
-def decode_step_seconds(lm: LanguageModel, batch: int, context: int, steps: int = 8) -> Timing:
+def filled_cache(lm: LanguageModel, batch: int, context: int, seed: int = 0):
+    """A KV cache holding ``context`` random tokens for each of ``batch`` sequences.
+
+    A decode step reads the cache the same way whatever its values, so filling it with random
+    keys and values times the same as a real prefill, in milliseconds instead of a prefill of
+    batch x context tokens (minutes for a realistic model on a CPU).
+    """
+    import torch
+
+    cache = new_cache(lm.model)
+    g = lm.geometry
+    generator = torch.Generator(device=lm.device).manual_seed(seed)
+    shape = (batch, g.num_kv_heads, context, g.head_dim)
+    with torch.inference_mode():
+        for layer in range(g.num_layers):
+            keys = torch.randn(shape, generator=generator, device=lm.device, dtype=lm.dtype)
+            cache.update(keys, torch.randn(shape, generator=generator, device=lm.device, dtype=lm.dtype), layer)
+    return cache
+
+
+def decode_step_seconds(lm: LanguageModel, batch: int, context: int, steps: int = 8, *, prefill: bool = True) -> Timing:
     """Time single decode steps of ``batch`` sequences that each hold ``context`` tokens.
 
-    The cache is filled by one prefill (not timed); then every step feeds one new token per
-    sequence, exactly what a serving engine does for its running requests.
+    The cache is filled by one prefill (not timed), or with random keys and values when
+    ``prefill`` is False (same step time, far quicker to set up); then every step feeds one
+    new token per sequence, exactly what a serving engine does for its running requests.
     """
     import torch
 
     with torch.inference_mode():
-        logits, cache = forward(lm.model, lm.random_ids(batch, context), new_cache(lm.model))
-        next_ids = logits[:, -1:].argmax(-1)  # (batch, 1)
+        if prefill:
+            logits, cache = forward(lm.model, lm.random_ids(batch, context), new_cache(lm.model))
+            next_ids = logits[:, -1:].argmax(-1)  # (batch, 1)
+        else:
+            cache, next_ids = filled_cache(lm, batch, context), lm.random_ids(batch, 1)
         forward(lm.model, next_ids, cache)  # warm-up step at this batch size
         times = []
         for _ in range(steps):
@@ -97,26 +132,32 @@ def decode_step_seconds(lm: LanguageModel, batch: int, context: int, steps: int 
     return Timing.of(batch, times)
 
 
-def decode_sweep(lm: LanguageModel, batch_sizes: Sequence[int], context: int, steps: int = 8) -> list[Timing]:
+def decode_sweep(
+    lm: LanguageModel, batch_sizes: Sequence[int], context: int, steps: int = 8, *, prefill: bool = True
+) -> list[Timing]:
     """Decode step latency at each batch size, all sequences at ``context`` tokens."""
-    return [decode_step_seconds(lm, b, context, steps) for b in _progress(batch_sizes, "decode sweep")]
+    return [decode_step_seconds(lm, b, context, steps, prefill=prefill) for b in _progress(batch_sizes, "decode sweep")]
 
 
-def greedy_step_times(lm: LanguageModel, prompt_tokens: int, new_tokens: int, use_cache: bool) -> list[float]:
+def greedy_step_times(
+    lm: LanguageModel, prompt_tokens: int, new_tokens: int, use_cache: bool, progress: str | None = None
+) -> list[float]:
     """Seconds per generated token, generating greedily with or without the KV cache.
 
     Without the cache every step runs the model over the whole sequence so far (prompt plus
-    everything generated), which is what generation cost before KV caching.
+    everything generated), which is what generation cost before KV caching. ``progress``: a
+    description for a progress bar over the steps (None: no bar).
     """
     import torch
 
     ids = lm.random_ids(1, prompt_tokens)
     times = []
+    steps = _progress(range(new_tokens), progress) if progress else range(new_tokens)
     with torch.inference_mode():
         if use_cache:
             logits, cache = forward(lm.model, ids, new_cache(lm.model))
             next_ids = logits[:, -1:].argmax(-1)
-        for _ in range(new_tokens):
+        for _ in steps:
             synchronize(lm)
             start = time.perf_counter()
             if use_cache:
@@ -130,15 +171,33 @@ def greedy_step_times(lm: LanguageModel, prompt_tokens: int, new_tokens: int, us
     return times
 
 
-def stream_request(
+def greedy_runs(
+    lm: LanguageModel, prompt_tokens: int, new_tokens: int, use_cache: bool, repeats: int = 3
+) -> list[list[float]]:
+    """:func:`greedy_step_times` repeated ``repeats`` times: one list of per-step seconds per run."""
+    label = "with the KV cache" if use_cache else "without the cache"
+    return [
+        greedy_step_times(lm, prompt_tokens, new_tokens, use_cache, progress=f"{label}, run {r + 1}/{repeats}")
+        for r in range(repeats)
+    ]
+
+
+def per_step_timings(runs: Sequence[Sequence[float]]) -> list[Timing]:
+    """One Timing per generated token across runs (size = the token's position, 1-based)."""
+    return [Timing.of(step + 1, [run[step] for run in runs]) for step in range(min(len(run) for run in runs))]
+
+
+def generate_in_process(
     lm: LanguageModel,
     prompt_ids,
     max_new_tokens: int,
     request_id: str = "0",
     send_time: float | None = None,
 ) -> RequestTrace:
-    """Generate greedily and record when each token became available, as a trace.
+    """Generate greedily in this process (no server, no HTTP) and record each token's time as a trace.
 
+    Synchronous: it returns when the last token is generated. (Module 2's HTTP client,
+    ``course.serving.client.stream_request``, records the same trace from a real server.)
     prompt_ids: (1, prompt_tokens). Each token is one chunk. ``send_time`` is when the request
     "arrived" (default: now); a request that waited in a queue passes its arrival time, and
     the wait becomes part of its TTFT, as it would on a server.
@@ -172,7 +231,7 @@ def serve_one_at_a_time(
         raise ValueError("give one output length per prompt length")
     prompts = [lm.random_ids(1, n, seed=seed + i) for i, n in enumerate(prompt_lengths)]
     arrival = time.perf_counter()
+    requests = _progress(list(enumerate(zip(prompts, output_lengths))), "serving one at a time")
     return [
-        stream_request(lm, prompt, n_out, request_id=str(i), send_time=arrival)
-        for i, (prompt, n_out) in enumerate(zip(prompts, output_lengths))
+        generate_in_process(lm, prompt, n_out, request_id=str(i), send_time=arrival) for i, (prompt, n_out) in requests
     ]

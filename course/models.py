@@ -6,6 +6,14 @@ and a byte-level BPE tokenizer shipped in ``course/data/tokenizer.json``. It nee
 and is ready in well under a second once torch and transformers are imported. Its text is
 gibberish: the course measures *time*, and time does not care what the tokens say.
 
+The *realistic* profile (:func:`build_realistic_model`) is the same kind of Llama at a size
+that shows the physics of the two phases: 170 M parameters, whose weights (680 MB in fp32)
+are far larger than any CPU's last-level cache, so every decode step really streams them from
+memory. Module 1 times prefill and decode on it; everything where speed matters (servers,
+tests) keeps the tiny model. On a GPU runtime without the Hub, :func:`load_model` builds
+Qwen2.5-0.5B's geometry with random weights the same way (:func:`build_random_hub_geometry`),
+which times like the real model.
+
 The cache helpers hide the one API difference across transformers 5.x: the forward keyword
 and output field are ``past_key_values`` up to 5.2x and ``cache`` from 5.24 on.
 """
@@ -38,6 +46,23 @@ TINY_CONFIG: dict[str, Any] = dict(
     tie_word_embeddings=True,
 )
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+REALISTIC_NAME = "course-llama-170m"
+# A Llama geometry of the course's choosing (the issue asks for 100-200 M parameters): wide enough
+# (hidden 1024) that every linear layer is a real matrix-vector product, few enough layers (12)
+# that Python's per-layer cost stays small beside the weight reads. 32,000 is Llama-2's vocabulary
+# size; the course tokenizer covers ids below 2,048, the rest of the embedding is only read.
+REALISTIC_CONFIG: dict[str, Any] = dict(
+    vocab_size=32000,
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=12,
+    num_attention_heads=16,
+    num_key_value_heads=4,  # GQA: each KV head serves four query heads
+    head_dim=64,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+)
 
 
 # --- tokenizer --------------------------------------------------------------------------------
@@ -202,11 +227,102 @@ def build_tiny_model(seed: int = 0, device: str = "cpu", dtype=None) -> Language
 def save_tiny_model(path: str | Path, seed: int = 0) -> Path:
     """Write the tiny model and tokenizer to a folder that ``from_pretrained`` and
     ``transformers serve`` can load."""
+    return save_model(build_tiny_model(seed), path)
+
+
+def save_model(lm: LanguageModel, path: str | Path) -> Path:
+    """Write ``lm``'s weights, config and tokenizer where ``from_pretrained`` can load them."""
     path = Path(path)
-    lm = build_tiny_model(seed)
     lm.model.save_pretrained(path)
     lm.tokenizer.save_pretrained(path)
     return path
+
+
+def _random_model(config, seed: int, device: str, dtype):
+    """A transformers causal LM of ``config`` with weights drawn from ``seed``, built on ``device``.
+
+    The weights are initialised directly in ``dtype`` on ``device`` (no fp32 copy on the host
+    first), and the caller's random state is left as it was.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:  # transformers >= 5.x: allocate without running the (slow, per-module) initialisers
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older 5.x: let it initialise, then overwrite below
+        from contextlib import nullcontext as no_init_weights
+
+    previous_dtype = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dtype)
+        with torch.device(device), no_init_weights():
+            model = AutoModelForCausalLM.from_config(config)
+    finally:
+        torch.set_default_dtype(previous_dtype)
+    model.tie_weights()  # skipped with the initialisers; tied embeddings must share one tensor
+    # One pass of a seeded generator over every weight, in a fixed order (tied weights once):
+    # uniform with the standard deviation 0.02 of the transformers initialiser, norms at 1,
+    # biases at 0. Several times faster than the library's initialisers on a laptop CPU.
+    if str(device) == "meta":  # shapes only (parameter counts): nothing to draw
+        return model.eval()
+    generator = torch.Generator(device=device).manual_seed(seed)
+    bound = 0.02 * 3**0.5
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim >= 2:  # drawn in fp32, so every dtype gets the same weights, rounded
+                draw = torch.empty(param.shape, device=device, dtype=torch.float32)
+                param.copy_(draw.uniform_(-bound, bound, generator=generator))
+            elif "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.zero_()
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def build_realistic_model(seed: int = 0, device: str = "cpu", dtype=None) -> LanguageModel:
+    """The 170 M-parameter Llama of :data:`REALISTIC_CONFIG` with weights drawn from ``seed``.
+
+    Deterministic (same seed, device and dtype: same weights) and offline. dtype defaults to
+    fp32, the dtype every CPU's math library handles well; module 1 compares it with bf16.
+    """
+    import torch
+    from transformers import LlamaConfig
+
+    tokenizer = load_tokenizer()
+    config = LlamaConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **REALISTIC_CONFIG,
+    )
+    model = _random_model(config, seed, device, dtype or torch.float32)
+    geometry = from_hf_config(config, name=REALISTIC_NAME, num_params=sum(p.numel() for p in model.parameters()))
+    return LanguageModel(model, tokenizer, REALISTIC_NAME, f"built offline from seed {seed}", geometry)
+
+
+def build_random_hub_geometry(name: str = HUB_MODEL, seed: int = 0, device: str = "cpu", dtype=None) -> LanguageModel:
+    """A catalogue model's architecture (``course/data/kv_models.json``) with random weights.
+
+    What a GPU runtime without Hub access runs instead of the real model: the same layers and
+    sizes, so it times the same, but its text is gibberish. The course tokenizer stands in for
+    the model's own (its ids are a subset of the model's vocabulary).
+    """
+    import torch
+    from transformers import AutoConfig
+
+    from course.kv import catalogue_entry
+
+    entry = catalogue_entry(name)
+    fields = {k: v for k, v in entry.config.items() if k not in ("model_type", "torch_dtype")}
+    config = AutoConfig.for_model(entry.config["model_type"], **fields)
+    if dtype is None:
+        on_gpu = str(device).startswith("cuda")
+        dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if on_gpu else torch.float32
+    model = _random_model(config, seed, device, dtype)
+    label = f"{entry.name} (random weights)"
+    geometry = from_hf_config(config, name=label, num_params=sum(p.numel() for p in model.parameters()))
+    source = f"{entry.name}'s architecture with random weights from seed {seed} (no Hub); config: {entry.source}"
+    return LanguageModel(model, load_tokenizer(), label, source, geometry)
 
 
 def _hub_disabled() -> str | None:
@@ -275,9 +391,37 @@ def load_model(
             if verbose:
                 print(f"Loaded {lm.describe()} in {time.perf_counter() - start:.1f} s")
             return lm
+    if device.startswith("cuda") and name != TINY_NAME:
+        # A GPU runtime without the Hub still gets the real model's size, so the timings carry over.
+        lm = build_random_hub_geometry(name or HUB_MODEL, seed=seed, device=device)
+        if verbose:
+            print(f"Using {lm.name}: {reason}. It times like the real model; its text is gibberish.\n{lm.describe()}")
+        return lm
     lm = build_tiny_model(seed, device=device)
     if verbose:
         print(f"Using the tiny offline model: {reason}.\n{lm.describe()}")
+    return lm
+
+
+def load_phase_model(*, device: str | None = None, dtype=None, seed: int = 0, verbose: bool = True) -> LanguageModel:
+    """The model that module 1 times prefill and decode on: big enough to show the physics.
+
+    On a GPU runtime: :func:`load_model` (the real Qwen2.5-0.5B-Instruct, or its architecture
+    with random weights when the Hub is unreachable). On a CPU: the 170 M-parameter offline
+    Llama of :func:`build_realistic_model` (the real model's 494 M parameters would make every
+    prefill sweep take minutes on a laptop), in ``dtype`` (default fp32).
+    """
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        return load_model(device=device, seed=seed, verbose=verbose)
+    start = time.perf_counter()
+    lm = build_realistic_model(seed, device=device, dtype=dtype)
+    if verbose:
+        print(
+            f"Built {lm.describe()} in {time.perf_counter() - start:.1f} s\n  weights: {lm.weight_bytes / 1e6:,.0f} MB"
+        )
     return lm
 
 

@@ -1,0 +1,41 @@
+"""benchmarks/gpu_runtime.py: its CPU dry run works end to end and writes the JSON a GPU run would."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_runtime  # noqa: E402
+
+
+def test_dry_run_reads_every_notebook_and_measures_module1_figures(tmp_path):
+    out = tmp_path / "dry.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_runtime.py"), "--dry-run", "--out", str(out)]
+    subprocess.run(command, check=True, timeout=300, capture_output=True, text=True, cwd=ROOT)
+    report = json.loads(out.read_text())
+    assert report["dry_run"] is True
+    assert set(report["notebooks"]) == {str(p.relative_to(ROOT)) for p in ROOT.glob("solutions/*/*.ipynb")}
+    assert all(not nb["executed"] for nb in report["notebooks"].values())
+    for key in ("decode_bandwidth_fraction", "prefill_flops_fraction", "measured_bandwidth_gbs", "model_params"):
+        assert key in report["module1"]
+
+
+def test_cuda_device_names_map_to_their_datasheets():
+    assert gpu_runtime.datasheet_for("NVIDIA H100 80GB HBM3").name == "H100-SXM"
+    assert gpu_runtime.datasheet_for("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
+    assert gpu_runtime.datasheet_for("Tesla T4").name == "T4"
+    assert gpu_runtime.datasheet_for("NVIDIA L4").name == "L4"
+    assert gpu_runtime.datasheet_for("Some Future GPU") is None
+
+
+def test_without_cuda_the_real_run_refuses_with_a_clear_message(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_runtime.py"), "--out", str(tmp_path / "x.json")]
+    result = subprocess.run(command, timeout=120, capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2 and "--dry-run" in result.stderr

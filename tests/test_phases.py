@@ -1,0 +1,160 @@
+"""The realistic model profile, the kernel paths, the phase figures and the noise check."""
+
+import math
+
+import pytest
+import torch
+
+from course import kernels, measure, models, noise, phases
+from course.hardware import MeasuredRoofs
+from course.measure import Timing
+
+
+@pytest.fixture(scope="module")
+def realistic():
+    return models.build_realistic_model(seed=0)
+
+
+def test_realistic_model_is_a_170m_llama_far_larger_than_a_cpu_cache(realistic):
+    config = realistic.model.config
+    assert config.model_type == "llama" and realistic.geometry.attention == "GQA"
+    assert 100e6 <= realistic.num_params <= 200e6
+    assert realistic.weight_bytes > 512 * 2**20  # far beyond laptop caches (8-36 MiB) and 2x this CI's 260 MiB
+    assert realistic.model.lm_head.weight is realistic.model.model.embed_tokens.weight  # tied, counted once
+
+
+def test_realistic_model_is_deterministic_and_leaves_the_callers_seed(realistic):
+    torch.manual_seed(5)
+    expected = torch.rand(2)
+    torch.manual_seed(5)
+    again = models.build_realistic_model(seed=0, dtype=torch.bfloat16)
+    assert torch.equal(torch.rand(2), expected)
+    pairs = zip(realistic.model.parameters(), again.model.parameters())
+    assert all(torch.equal(a.to(torch.bfloat16), b) for a, b in pairs)
+    norms = [p for n, p in realistic.model.named_parameters() if "norm" in n]
+    assert all(torch.all(p == 1) for p in norms)
+
+
+def test_realistic_model_round_trips_through_from_pretrained(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    lm = models.build_tiny_model(seed=0)  # same code path as the realistic profile, quicker to save
+    folder = models.save_model(lm, tmp_path / "m")
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    assert AutoTokenizer.from_pretrained(folder).decode(lm.encode("abc")[0]) == "abc"
+    ids = lm.random_ids(1, 6)
+    with torch.inference_mode():
+        assert torch.allclose(loaded(ids).logits, lm.model(ids).logits, atol=1e-5)
+
+
+def test_random_hub_geometry_has_the_real_models_size():
+    lm = models.build_random_hub_geometry(models.HUB_MODEL, device="meta")
+    assert lm.model.config.model_type == "qwen2"
+    assert round(lm.num_params / 1e6) == 494  # Qwen2.5-0.5B: 494 M parameters with tied embeddings
+    assert "random weights" in lm.source and "no Hub" in lm.source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_kernel_path_computes_the_same_logits_and_switches_back(dtype):
+    lm = models.build_tiny_model(seed=0, dtype=dtype)
+    ids = lm.random_ids(3, 7)
+    with torch.inference_mode():
+        stock = lm.model(ids).logits.float()
+        assert kernels.use_kernel_path(lm.model, kernels.PACKED) == 29  # 4 layers x 7 linears + lm_head
+        packed = lm.model(ids).logits.float()
+        kernels.use_kernel_path(lm.model, kernels.WEIGHT_MAJOR)
+        weight_major = lm.model(ids).logits.float()
+        kernels.use_kernel_path(lm.model, kernels.STOCK)
+        again = lm.model(ids).logits.float()
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    assert torch.allclose(stock, packed, atol=tolerance) and torch.allclose(stock, weight_major, atol=tolerance)
+    assert torch.equal(stock, again) and kernels.kernel_path(lm.model) == kernels.STOCK
+
+
+def test_unknown_kernel_path_names_the_known_ones():
+    lm = models.build_tiny_model(seed=0)
+    with pytest.raises(ValueError, match="choose one of stock, onednn-packed, weight-major"):
+        kernels.use_kernel_path(lm.model, "fast")
+
+
+def test_filled_cache_has_the_shape_of_a_prefilled_one():
+    lm = models.build_tiny_model(seed=0)
+    cache = measure.filled_cache(lm, batch=3, context=17)
+    assert cache.get_seq_length() == 17
+    assert models.cache_nbytes(cache) == 3 * 17 * lm.geometry.kv_bytes_per_token(4)
+    timing = measure.decode_step_seconds(lm, 3, 17, steps=3, prefill=False)
+    assert timing.n == 3 and timing.low <= timing.median <= timing.high
+
+
+def _roofs(bandwidth=10e9, flops=100e9):
+    return MeasuredRoofs("cpu", "toy", "float32", bandwidth, flops, 2**30, 2048, (0.1,) * 3, (0.1,) * 3, None, 1e10)
+
+
+def test_phase_figures_divide_bytes_and_flops_by_the_measured_roofs():
+    lm = models.build_tiny_model(seed=0)
+    step1 = phases.decode_bytes_per_step(lm, 1, 256) / 5e9  # reads at 5 GB/s: half the 10 GB/s roof
+    decode = [Timing(1, step1, step1, step1, 3), Timing(8, 1.2 * step1, 1.1 * step1, 1.3 * step1, 3)]
+    t512 = phases.prefill_flops(lm, 512) / 60e9  # 60 % of the 100 GFLOP/s roof
+    prefill = [Timing(64, 1.0, 1.0, 1.0, 3), Timing(512, t512, t512, t512, 3)]
+    figures = phases.PhaseFigures(lm, _roofs(), "stock", 256, decode, prefill, threads=2, load=0.1)
+    assert math.isclose(figures.decode_bandwidth_fraction, 0.5)
+    assert math.isclose(figures.decode_step_ratio(8), 1.2)
+    assert math.isclose(figures.prefill_flops_fraction, 0.6)
+    assert figures.observed_free_batch is None  # 1.2x at batch 8: still free within the sweep
+    d = figures.to_dict()
+    for key in ("decode_bandwidth_fraction", "decode_step_ratio_batch8", "prefill_flops_fraction"):
+        assert isinstance(d[key], float)
+    assert d["measured_bandwidth_gbs"] == 10 and d["measured_flops_gflops"] == 100
+    assert d["model_params"] == lm.num_params and d["device"] == "toy" and d["noise_check_passed"]
+
+
+def test_observed_free_batch_interpolates_where_the_ratio_crosses_1_5():
+    sweep = [Timing(1, 1.0, 1.0, 1.0, 3), Timing(2, 1.0, 1.0, 1.0, 3), Timing(8, 2.0, 2.0, 2.0, 3)]
+    assert math.isclose(phases.observed_free_batch(sweep), 4.0)  # halfway from 2 to 8 in log space
+
+
+def test_predicted_free_batch_is_where_compute_time_reaches_1_5x_the_weight_read():
+    lm = models.build_tiny_model(seed=0)
+    roofs = _roofs(bandwidth=10e9, flops=100e9)
+    batch = phases.predicted_free_batch(lm, roofs, context=0)
+    one = phases.roofline_step_seconds(lm, roofs, 1, 0)
+    assert math.isclose(phases.roofline_step_seconds(lm, roofs, batch, 0), 1.5 * one, rel_tol=1e-9)
+
+
+def test_noise_check_passes_steady_timings_and_flags_noisy_or_busy_ones():
+    steady = [Timing(1, 1.0, 0.95, 1.05, 5)]
+    assert noise.check(steady, "x", load=0.2).ok
+    jumpy = noise.check([Timing(1, 1.0, 0.5, 16.0, 5)], "the batch ratio", load=0.2)
+    assert not jumpy.ok and "too noisy to support the batch ratio" in jumpy.message and "rerun" in jumpy.message
+    busy = noise.check(steady, "x", load=3.0)
+    assert not busy.ok and "other programs are using the CPU" in busy.message
+    assert not noise.check([Timing(1, 1.0, 1.0, 1.0, 2)], "x", load=None).ok  # two repeats: spread unknown
+    assert "unknown" in noise.check(steady, "x", load=None).message
+
+
+def test_percentile_label_warns_when_no_sample_lies_above_it():
+    assert noise.percentile_label(50, 7) == "p50 (n=7)"
+    assert "too few for a p95" in noise.percentile_label(95, 10)
+    assert "too few" not in noise.percentile_label(95, 40)
+
+
+def test_phases_benchmark_prints_one_json_object_with_the_issue_keys():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "benchmarks" / "phases.py"
+    command = [sys.executable, str(script), "--tiny", "--quick", "--json", "--paths", "stock", "--threads", "1"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True).stdout
+    figures = json.loads(out)
+    for key in ("decode_bandwidth_fraction", "decode_step_ratio_batch8", "prefill_flops_fraction",
+                "measured_bandwidth_gbs", "measured_flops_gflops", "model_params", "device"):  # fmt: skip
+        assert key in figures, key
+    assert figures["model"] == models.TINY_NAME and figures["threads"] == 1 and len(figures["runs"]) == 1
+
+
+def test_load_check_flags_a_busy_machine():
+    assert noise.check_load("x", load=0.3).ok
+    busy = noise.check_load("the TTFT percentiles", load=2.5)
+    assert not busy.ok and "too noisy to support the TTFT percentiles" in busy.message

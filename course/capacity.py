@@ -18,6 +18,7 @@ Module 5's exercises rebuild the first four; their graded tests forbid calling t
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -317,40 +318,60 @@ class QuantizationQuality:
 
 
 def kv_quantization_quality(
-    lm, text: str, schemes: Sequence[str] = KV_SCHEMES, chunk: int = 16
+    lm,
+    text: str,
+    schemes: Sequence[str] = KV_SCHEMES,
+    chunk: int = 8,
+    window: int = 64,
+    custom: dict[str, Callable] | None = None,
 ) -> list[QuantizationQuality]:
     """Score ``text`` with the KV cache kept in each scheme, against the full-precision cache.
 
-    The text is fed ``chunk`` tokens at a time, as decode steps and chunked prefills feed a server:
-    after each forward pass the new tokens' keys and values are quantized in place (and stay so), so
-    every later chunk attends to the stored, low-precision cache. Within a chunk the tokens see each
-    other at full precision, as a fused attention kernel does before it writes the cache.
+    The text is cut into windows of ``window`` tokens, each scored as one request with a fresh cache
+    (a small model is only good at the context lengths it was trained on). A window is fed ``chunk``
+    tokens at a time, as decode steps and chunked prefills feed a server: after each forward pass the
+    new tokens' keys and values are quantized in place (and stay so), so every later chunk attends to
+    the stored, low-precision cache. Within a chunk the tokens see each other at full precision, as a
+    fused attention kernel does before it writes the cache.
+
+    ``custom`` adds quantizers by name: functions from a (batch, kv_heads, tokens, head_dim) tensor to
+    one of the same shape (a learner's own int8, say). The first row is always "none", the reference.
     """
     import torch
 
     from course.models import forward
 
-    ids = lm.encode(text)
-    if ids.shape[1] < 2 * chunk:
-        raise ValueError(f"the text has {ids.shape[1]} tokens; give at least {2 * chunk} to score")
+    if chunk < 1 or window <= chunk:
+        raise ValueError(f"need 1 <= chunk < window, got chunk={chunk}, window={window}")
+    ids = lm.encode(text)[0]
+    windows = [ids[i : i + window] for i in range(0, len(ids) - window + 1, window)]
+    if not windows:
+        raise ValueError(f"the text has {len(ids)} tokens; give at least one window of {window} to score")
+    quantizers: dict[str, Callable | None] = {"none": None}
+    quantizers.update({scheme: functools.partial(quantize_kv, scheme=scheme) for scheme in schemes})
+    quantizers.update(custom or {})
     results = []
     reference_top = None
-    for scheme in ("none", *schemes):
-        cache, logits_parts = None, []
+    for scheme, quantize in quantizers.items():
+        scored_logits, targets = [], []
         with torch.no_grad():
-            for start in range(0, ids.shape[1], chunk):
-                logits, cache = forward(lm.model, ids[:, start : start + chunk], cache)
-                logits_parts.append(logits)
-                if scheme != "none":
-                    for layer in cache.layers:
-                        layer.keys[:, :, start:] = quantize_kv(layer.keys[:, :, start:], scheme)
-                        layer.values[:, :, start:] = quantize_kv(layer.values[:, :, start:], scheme)
-        logits = torch.cat(logits_parts, dim=1)[0, :-1].float()
-        targets = ids[0, 1:]
-        nll = torch.nn.functional.cross_entropy(logits, targets)
+            for tokens in windows:
+                cache = None
+                for start in range(0, window, chunk):
+                    logits, cache = forward(lm.model, tokens[None, start : start + chunk], cache)
+                    scored_logits.append(logits[0])
+                    if quantize is not None:
+                        for layer in cache.layers:
+                            layer.keys[:, :, start:] = quantize(layer.keys[:, :, start:])
+                            layer.values[:, :, start:] = quantize(layer.values[:, :, start:])
+                scored_logits[-1] = scored_logits[-1][:-1]  # the window's last token predicts past its end
+                targets.append(tokens[1:])
+        logits = torch.cat(scored_logits).float()
+        target = torch.cat(targets)
+        nll = torch.nn.functional.cross_entropy(logits, target)
         top = logits.argmax(dim=-1)
         if reference_top is None:
             reference_top = top
         agreement = float((top == reference_top).float().mean())
-        results.append(QuantizationQuality(scheme, float(torch.exp(nll)), agreement, int(targets.numel())))
+        results.append(QuantizationQuality(scheme, float(torch.exp(nll)), agreement, int(target.numel())))
     return results

@@ -145,11 +145,13 @@ def test_kv_quantization_quality_on_the_tiny_model():
     from course.models import build_tiny_model
 
     lm = build_tiny_model()
-    text = "def add(a, b):\n    return a + b\n" * 6
-    scores = {q.scheme: q for q in capacity.kv_quantization_quality(lm, text, chunk=8)}
+    text = "def add(a, b):\n    return a + b\n" * 12
+    scores = {q.scheme: q for q in capacity.kv_quantization_quality(lm, text, chunk=8, window=32)}
     assert set(scores) == {"none", "int8", "int4", "fp8"}
     assert scores["none"].agreement == 1.0
     assert all(math.isfinite(q.perplexity) and q.tokens == scores["none"].tokens for q in scores.values())
     assert scores["int8"].agreement >= scores["int4"].agreement
     with pytest.raises(ValueError, match="at least"):
-        capacity.kv_quantization_quality(lm, "short", chunk=8)
+        capacity.kv_quantization_quality(lm, "short", chunk=8, window=32)
+    mine = capacity.kv_quantization_quality(lm, text, schemes=(), chunk=8, window=32, custom={"same": lambda x: x})
+    assert [q.scheme for q in mine] == ["none", "same"] and mine[1].agreement == 1.0

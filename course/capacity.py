@@ -327,12 +327,12 @@ def kv_quantization_quality(
 ) -> list[QuantizationQuality]:
     """Score ``text`` with the KV cache kept in each scheme, against the full-precision cache.
 
-    The text is cut into windows of ``window`` tokens, each scored as one request with a fresh cache
-    (a small model is only good at the context lengths it was trained on). A window is fed ``chunk``
-    tokens at a time, as decode steps and chunked prefills feed a server: after each forward pass the
-    new tokens' keys and values are quantized in place (and stay so), so every later chunk attends to
-    the stored, low-precision cache. Within a chunk the tokens see each other at full precision, as a
-    fused attention kernel does before it writes the cache.
+    The text is cut into windows of ``window`` tokens, each scored as one request with a fresh cache (a
+    small model is only good at the context lengths it was trained on), all windows in one batch. A
+    window is fed ``chunk`` tokens at a time, as decode steps and chunked prefills feed a server: after
+    each forward pass the new tokens' keys and values are quantized in place (and stay so), so every
+    later chunk attends to the stored, low-precision cache. Within a chunk the tokens see each other at
+    full precision, as a fused attention kernel does before it writes the cache.
 
     ``custom`` adds quantizers by name: functions from a (batch, kv_heads, tokens, head_dim) tensor to
     one of the same shape (a learner's own int8, say). The first row is always "none", the reference.
@@ -344,30 +344,28 @@ def kv_quantization_quality(
     if chunk < 1 or window <= chunk:
         raise ValueError(f"need 1 <= chunk < window, got chunk={chunk}, window={window}")
     ids = lm.encode(text)[0]
-    windows = [ids[i : i + window] for i in range(0, len(ids) - window + 1, window)]
-    if not windows:
+    count = len(ids) // window
+    if count == 0:
         raise ValueError(f"the text has {len(ids)} tokens; give at least one window of {window} to score")
+    windows = ids[: count * window].view(count, window)  # one batch row per window: (windows, window)
     quantizers: dict[str, Callable | None] = {"none": None}
     quantizers.update({scheme: functools.partial(quantize_kv, scheme=scheme) for scheme in schemes})
     quantizers.update(custom or {})
     results = []
     reference_top = None
     for scheme, quantize in quantizers.items():
-        scored_logits, targets = [], []
+        parts, cache = [], None
         with torch.no_grad():
-            for tokens in windows:
-                cache = None
-                for start in range(0, window, chunk):
-                    logits, cache = forward(lm.model, tokens[None, start : start + chunk], cache)
-                    scored_logits.append(logits[0])
-                    if quantize is not None:
-                        for layer in cache.layers:
-                            layer.keys[:, :, start:] = quantize(layer.keys[:, :, start:])
-                            layer.values[:, :, start:] = quantize(layer.values[:, :, start:])
-                scored_logits[-1] = scored_logits[-1][:-1]  # the window's last token predicts past its end
-                targets.append(tokens[1:])
-        logits = torch.cat(scored_logits).float()
-        target = torch.cat(targets)
+            for start in range(0, window, chunk):
+                logits, cache = forward(lm.model, windows[:, start : start + chunk], cache)
+                parts.append(logits)
+                if quantize is not None:
+                    for layer in cache.layers:
+                        layer.keys[:, :, start:] = quantize(layer.keys[:, :, start:])
+                        layer.values[:, :, start:] = quantize(layer.values[:, :, start:])
+        # position t predicts token t + 1; a window's last position predicts past its end
+        logits = torch.cat(parts, dim=1)[:, :-1].reshape(-1, parts[0].shape[-1]).float()
+        target = windows[:, 1:].reshape(-1)
         nll = torch.nn.functional.cross_entropy(logits, target)
         top = logits.argmax(dim=-1)
         if reference_top is None:

@@ -247,10 +247,18 @@ def calibration_samples(
     step at that batch, reading ``batch x (context + decode_output / 2)`` cached tokens on average.
     (The method of ``benchmarks/sim_fidelity.py``.)
     """
+    import httpx
+
     from course.serving.client import run_load
     from course.sim import StepSample
     from course.workload import all_at_once
 
+    try:  # one request first: a server that is not there is an error to report plainly
+        run_load(base_url, all_at_once(1, 4, 1), progress=False, seed=seed)
+    except (httpx.HTTPError, OSError) as err:
+        raise RuntimeError(
+            f"cannot reach a server at {base_url} ({type(err).__name__}: {err}); is it running?"
+        ) from None
     samples = []
     for prompt in prefill_lengths:
         run = run_load(base_url, all_at_once(repeats, prompt, 2), concurrency=1, progress=False, seed=seed)

@@ -155,3 +155,28 @@ def test_kv_quantization_quality_on_the_tiny_model():
         capacity.kv_quantization_quality(lm, "short", chunk=8, window=32)
     mine = capacity.kv_quantization_quality(lm, text, schemes=(), chunk=8, window=32, custom={"same": lambda x: x})
     assert [q.scheme for q in mine] == ["none", "same"] and mine[1].agreement == 1.0
+
+
+def test_calibration_samples_against_the_reference_server_fit_a_cost():
+    from course.models import build_tiny_model
+    from course.serving import BackgroundServer, create_app
+    from course.sim import LinearCost
+
+    with BackgroundServer(create_app(build_tiny_model(), max_batch_size=4)) as server:
+        samples = capacity.calibration_samples(
+            server.url,
+            prefill_lengths=(8, 64),
+            decode_batches=(1, 2),
+            decode_contexts=(16,),
+            decode_output=4,
+            repeats=1,
+        )
+    assert [(s.prefill_tokens, s.decode_tokens) for s in samples] == [(8, 0), (64, 0), (0, 1), (0, 2)]
+    assert [s.kv_tokens_read for s in samples[2:]] == [1 * (16 + 2), 2 * (16 + 2)]
+    assert all(s.seconds > 0 for s in samples)
+    assert LinearCost.fit(samples).step_seconds(64, 0, 0) > 0
+
+
+def test_calibration_reports_failed_requests():
+    with pytest.raises(RuntimeError, match="cannot reach a server at http://127.0.0.1:9"):
+        capacity.calibration_samples("http://127.0.0.1:9", prefill_lengths=(8,), repeats=1)

@@ -425,6 +425,191 @@ def load_phase_model(*, device: str | None = None, dtype=None, seed: int = 0, ve
     return lm
 
 
+# --- a tiny model trained on the course's own prose (module 5) ----------------------------------
+#
+# The random tiny model above streams gibberish, so no quality effect can be measured with it. This one
+# has the same architecture at a smaller size (0.66 M parameters) and was trained for 1,000 steps (about five
+# minutes on one CPU core), deterministically, on ``course/data/course_prose.txt``: the course's own
+# explanations (MIT, like the rest of the course), extracted from the module 1-4 notebooks by
+# ``write_prose_corpus``. Its text reads as the course's prose and its perplexity on held-out paragraphs
+# means something. The trained weights ship in ``course/data``; without them it trains and caches.
+
+PROSE_NAME = "course-prose-llama"
+PROSE_CORPUS_FILE = Path(__file__).parent / "data" / "course_prose.txt"
+# The weights ``train_prose_model()`` produced (fp16, 1.3 MB; the tied output layer is the embedding), so
+# that every runtime gets the same model in a fraction of a second. Retraining reproduces them on the same
+# torch build and CPU; elsewhere float rounding in the kernels makes it a slightly different model.
+PROSE_WEIGHTS_FILE = Path(__file__).parent / "data" / "course_prose_llama.pt"
+PROSE_CONFIG: dict[str, Any] = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # GQA, as the tiny model
+    head_dim=32,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
+PROSE_TRAINING: dict[str, Any] = dict(steps=1000, batch=16, seq_len=64, lr=3e-3, seed=0, held_out_every=10)
+
+
+def write_prose_corpus(notebooks: list[str | Path], path: str | Path = PROSE_CORPUS_FILE) -> Path:
+    """Write the markdown prose of ``notebooks`` as plain paragraphs (maintainers only).
+
+    Links keep their text, URLs, code spans' backticks, headings' hashes, tables and math go, so what
+    is left is sentences. The shipped file was written with
+    ``write_prose_corpus(sorted(glob.glob("solutions/m[1-4]*/*.ipynb")))`` from the repository root.
+    """
+    import json
+    import re
+
+    paragraphs = []
+    for notebook in notebooks:
+        cells = json.loads(Path(notebook).read_text())["cells"]
+        for cell in cells:
+            if cell["cell_type"] != "markdown":
+                continue
+            text = "".join(cell["source"])
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # [text](url) -> text
+            text = re.sub(r"https?://\S+", "", text)
+            text = re.sub(r"\$[^$]*\$", "", text)
+            text = text.replace("`", "").replace("**", "").replace("*", "")
+            for block in re.split(r"\n\s*\n", text):
+                lines = [line for line in block.splitlines() if not line.lstrip().startswith("|")]
+                block = " ".join(line.strip().lstrip("#").strip() for line in lines).strip()
+                if len(block) > 40:
+                    paragraphs.append(re.sub(r"\s+", " ", block))
+    path = Path(path)
+    path.write_text("\n\n".join(paragraphs) + "\n")
+    return path
+
+
+def prose_corpus() -> tuple[str, str]:
+    """(training text, held-out text) of the course prose: every ``held_out_every``-th paragraph is held out."""
+    paragraphs = [p for p in PROSE_CORPUS_FILE.read_text().split("\n\n") if p.strip()]
+    every = PROSE_TRAINING["held_out_every"]
+    train = [p for i, p in enumerate(paragraphs) if i % every != every - 1]
+    held = [p for i, p in enumerate(paragraphs) if i % every == every - 1]
+    return "\n\n".join(train), "\n\n".join(held)
+
+
+def _prose_cache_path() -> Path:
+    import hashlib
+
+    import torch
+
+    key = hashlib.sha256(
+        (
+            PROSE_CORPUS_FILE.read_text()
+            + repr(sorted(PROSE_CONFIG.items()))
+            + repr(sorted(PROSE_TRAINING.items()))
+            + _tokenizer_json()
+            + torch.__version__
+        ).encode()
+    ).hexdigest()[:16]
+    root = Path(os.environ.get("COURSE_CACHE_DIR") or Path.home() / ".cache" / "llm-serving-course")
+    return root / f"{PROSE_NAME}-{key}.pt"
+
+
+def train_prose_model(steps: int | None = None, verbose: bool = False) -> tuple[Any, list[float]]:
+    """Train the prose model from scratch; returns (LlamaForCausalLM, loss per step).
+
+    Deterministic: fixed seeds, batches drawn from a seeded generator, one CPU thread while training
+    (so the same torch build gives the same weights on any machine).
+    """
+    import torch
+    from transformers import LlamaForCausalLM
+
+    tokenizer = load_tokenizer()
+    settings = PROSE_TRAINING
+    steps = settings["steps"] if steps is None else steps
+    train_text, _ = prose_corpus()
+    ids = torch.tensor(tokenizer(train_text, add_special_tokens=False, verbose=False).input_ids)
+    previous_rng, previous_threads = torch.random.get_rng_state(), torch.get_num_threads()
+    torch.manual_seed(settings["seed"])
+    torch.set_num_threads(1)
+    try:
+        model = LlamaForCausalLM(_prose_config(tokenizer))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=settings["lr"], weight_decay=0.01)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, settings["lr"], total_steps=max(steps, 1), pct_start=0.1
+        )
+        batches = torch.Generator().manual_seed(settings["seed"])
+        seq, losses = settings["seq_len"], []
+        model.train()
+        for step in range(steps):
+            starts = torch.randint(0, len(ids) - seq, (settings["batch"],), generator=batches)
+            batch = torch.stack([ids[s : s + seq] for s in starts.tolist()])
+            loss = model(input_ids=batch, labels=batch, use_cache=False).loss  # the model shifts the labels
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+            if verbose and step % 40 == 0:
+                print(f"  step {step:4d}: loss {losses[-1]:.3f}")
+    finally:
+        torch.random.set_rng_state(previous_rng)
+        torch.set_num_threads(previous_threads)
+    return model.eval(), losses
+
+
+def _prose_config(tokenizer):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **PROSE_CONFIG,
+    )
+
+
+def build_prose_model(device: str = "cpu", verbose: bool = True, retrain: bool = False) -> LanguageModel:
+    """The tiny Llama trained on the course's prose: the shipped weights, else a cached or fresh training run.
+
+    ``retrain=True`` ignores the shipped file (minutes on a CPU; cached under ``COURSE_CACHE_DIR`` or
+    ``~/.cache/llm-serving-course`` afterwards).
+    """
+    import torch
+    from transformers import LlamaForCausalLM
+
+    tokenizer = load_tokenizer()
+    cached = _prose_cache_path()
+    if not retrain and PROSE_WEIGHTS_FILE.exists() or cached.exists():
+        path = PROSE_WEIGHTS_FILE if not retrain and PROSE_WEIGHTS_FILE.exists() else cached
+        previous = torch.random.get_rng_state()
+        model = LlamaForCausalLM(_prose_config(tokenizer))
+        torch.random.set_rng_state(previous)  # building the model must not disturb the caller's seed
+        state = {name: tensor.float() for name, tensor in torch.load(path, weights_only=True).items()}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or set(missing) - {"lm_head.weight"}:
+            raise RuntimeError(
+                f"{path} does not hold the prose model's weights (missing {missing}, unexpected {unexpected})"
+            )
+        source = f"trained on the course prose, weights from {path.name}"
+    else:
+        start = time.perf_counter()
+        model, losses = train_prose_model()
+        source = (
+            f"trained on the course prose for {len(losses)} steps in {time.perf_counter() - start:.1f} s "
+            f"(loss {losses[0]:.2f} -> {losses[-1]:.2f})"
+        )
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}, cached)
+        except OSError as err:  # a read-only home: train again next time
+            source += f"; not cached ({err.strerror})"
+    model = model.to(device=device, dtype=torch.float32).eval()
+    geometry = from_hf_config(model.config, name=PROSE_NAME, num_params=sum(p.numel() for p in model.parameters()))
+    lm = LanguageModel(model, tokenizer, PROSE_NAME, source, geometry)
+    if verbose:
+        print(lm.describe())
+    return lm
+
+
 if __name__ == "__main__":  # maintainers: retrain the shipped tokenizer
     import glob
     import sysconfig

@@ -1,0 +1,383 @@
+"""Capacity planning under latency SLOs (module 5): how many GPUs a service needs and what it costs.
+
+The pieces, each small enough to check by hand:
+
+* :class:`SLO`: a traffic class's latency targets (TTFT and TPOT at a percentile, in seconds) with
+  where they came from, and :meth:`SLO.check` / :meth:`SLO.holds` over a run's request traces.
+* :func:`highest_rate`: the highest arrival rate at which a run still holds its SLOs, by bisection
+  over a monotone "holds at this rate?" test (a simulation or a measured run).
+* :func:`replicas_needed` and :func:`dollars_per_million_tokens`: the two lines of arithmetic that
+  turn a per-replica capacity into a fleet and a price.
+* :func:`server_sim_config` and :func:`calibration_samples`: the simulator settings that mirror
+  module 2's reference server, and step-time samples measured against any running server.
+* :func:`quantize_kv` and :func:`kv_quantization_quality`: a KV cache stored in fewer bits, simulated
+  by quantizing and dequantizing the cached tensors, and what that does to a model's predictions.
+
+Module 5's exercises rebuild the first four; their graded tests forbid calling this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from course import metrics
+from course.trace import RequestTrace
+
+# --- SLOs -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SLOCheck:
+    """What a run achieved against an :class:`SLO` (seconds; ``attainment`` in 0..1)."""
+
+    ttft: float  # TTFT at the SLO's percentile
+    tpot: float  # TPOT at the SLO's percentile (0 when no request had more than one token)
+    attainment: float  # fraction of all requests that met both per-request targets
+    completed: int
+    failed: int
+    holds: bool
+
+    def describe(self, slo: SLO) -> str:
+        q = f"p{slo.percentile:g}"
+        verdict = "holds" if self.holds else "MISSED"
+        return (
+            f"TTFT {q} {self.ttft * 1e3:.1f} ms (target {slo.ttft * 1e3:g}), TPOT {q} {self.tpot * 1e3:.1f} ms "
+            f"(target {slo.tpot * 1e3:g}); {self.attainment:.1%} of requests met both; {self.failed} failed: {verdict}"
+        )
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency targets for one class of traffic.
+
+    Attributes:
+        name: the traffic class ("interactive chat", "batch summaries", ...).
+        ttft: time to first token target (s), at ``percentile``.
+        tpot: time per output token after the first (s), at ``percentile``; per request, as vLLM's
+            TPOT and GuideLLM's ITL (``course.metrics``).
+        percentile: which percentile must meet the targets (95: "p95 TTFT <= 200 ms").
+        source: where the numbers come from, in words (a product requirement, a citation).
+    """
+
+    name: str
+    ttft: float
+    tpot: float
+    percentile: float = 95.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for attr in ("ttft", "tpot"):
+            value = getattr(self, attr)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"SLO {self.name!r}: {attr} must be a positive number of seconds, got {value!r}")
+        if not 0 < self.percentile <= 100:
+            raise ValueError(f"SLO {self.name!r}: percentile must be in (0, 100], got {self.percentile!r}")
+
+    def check(self, traces: Sequence[RequestTrace]) -> SLOCheck:
+        """Measure a run against the targets.
+
+        The SLO holds when no request failed, the run's TTFT and TPOT at ``percentile`` are within
+        the targets, and (equivalently for one class) at least ``percentile`` % of the requests met
+        both targets on their own. Failed requests count against attainment.
+        """
+        if not traces:
+            raise ValueError(f"SLO {self.name!r}: no requests to check; run some load first")
+        summary = metrics.summarize(traces, percentiles=(self.percentile,))
+        good = metrics.goodput(traces, ttft_slo=self.ttft, tpot_slo=self.tpot)
+        ttft = summary.ttft.percentiles[float(self.percentile)]
+        tpot = summary.tpot.percentiles[float(self.percentile)]
+        holds = summary.failed == 0 and summary.completed > 0 and ttft <= self.ttft and tpot <= self.tpot
+        return SLOCheck(ttft, tpot, good.attainment, summary.completed, summary.failed, holds)
+
+    def holds(self, traces: Sequence[RequestTrace]) -> bool:
+        """True when the run meets the targets (see :meth:`check`)."""
+        return self.check(traces).holds
+
+    def describe(self) -> str:
+        q = f"p{self.percentile:g}"
+        return f"{self.name}: TTFT {q} <= {self.ttft * 1e3:g} ms, TPOT {q} <= {self.tpot * 1e3:g} ms ({self.source})"
+
+
+# Reading speed (Brysbaert 2019, "How many words do we read per minute? A review and meta-analysis of
+# reading rate", Journal of Memory and Language 109, 104047): adults read English non-fiction silently
+# at 238 words per minute on average (most between 175 and 300).
+READING_WORDS_PER_MINUTE = 238
+# OpenAI's rule of thumb for English text: one token is about 3/4 of a word
+# (help.openai.com, "What are tokens and how to count them?").
+TOKENS_PER_WORD = 4 / 3
+
+
+def reading_speed_tpot(
+    words_per_minute: float = READING_WORDS_PER_MINUTE, tokens_per_word: float = TOKENS_PER_WORD
+) -> float:
+    """Seconds per token at which a stream keeps pace with a reader (s/token)."""
+    if words_per_minute <= 0 or tokens_per_word <= 0:
+        raise ValueError("words_per_minute and tokens_per_word must be positive")
+    return 60.0 / (words_per_minute * tokens_per_word)
+
+
+# --- capacity search ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RateSearch:
+    """The result of :func:`highest_rate`: the answer and every rate that was tried."""
+
+    rate: float  # highest rate found to hold (req/s); 0.0 when even ``low`` failed
+    tried: tuple[tuple[float, bool], ...] = field(default=())
+
+
+def highest_rate(
+    holds: Callable[[float], bool], low: float, high: float, rel_tol: float = 0.05, max_steps: int = 30
+) -> RateSearch:
+    """Highest arrival rate in [low, high] at which ``holds(rate)`` is True, by bisection.
+
+    Assumes ``holds`` is monotone: true up to some rate, false above it (queueing only gets worse
+    with load). Returns ``high`` when it holds there, 0.0 when even ``low`` fails; otherwise a rate
+    that holds, within ``rel_tol`` (relative) of the lowest rate that was found to fail.
+
+    Args:
+        holds: runs the service at a rate (req/s) and says whether the SLOs held.
+        low, high: the bracket (req/s), 0 < low < high.
+        rel_tol: stop when (failing - holding) <= rel_tol x holding.
+        max_steps: most calls of ``holds`` in the bisection.
+    """
+    if not 0 < low < high:
+        raise ValueError(f"highest_rate needs 0 < low < high, got low={low!r}, high={high!r}")
+    if not rel_tol > 0:
+        raise ValueError(f"rel_tol must be positive, got {rel_tol!r}")
+    tried: list[tuple[float, bool]] = []
+
+    def test(rate: float) -> bool:
+        ok = bool(holds(rate))
+        tried.append((rate, ok))
+        return ok
+
+    if test(high):
+        return RateSearch(high, tuple(tried))
+    if not test(low):
+        return RateSearch(0.0, tuple(tried))
+    good, bad = low, high
+    for _ in range(max_steps):
+        if bad - good <= rel_tol * good:
+            break
+        middle = math.sqrt(good * bad)  # geometric: rates span orders of magnitude
+        if test(middle):
+            good = middle
+        else:
+            bad = middle
+    return RateSearch(good, tuple(tried))
+
+
+def replicas_needed(target_rate: float, per_replica_rate: float, headroom: float = 0.0) -> int:
+    """Replicas that serve ``target_rate`` req/s when each holds the SLOs up to ``per_replica_rate``.
+
+    ``headroom`` (0..1) is the share of each replica's capacity kept free for bursts and failures:
+    each replica is planned at ``per_replica_rate x (1 - headroom)``. Whole replicas, rounded up.
+    """
+    if not target_rate >= 0:
+        raise ValueError(f"target_rate must be >= 0 req/s, got {target_rate!r}")
+    if not per_replica_rate > 0:
+        raise ValueError(
+            f"per_replica_rate must be positive, got {per_replica_rate!r}: a replica that holds the SLOs at no "
+            "rate cannot be planned with; relax the SLOs, shorten prompts or use a faster GPU"
+        )
+    if not 0 <= headroom < 1:
+        raise ValueError(f"headroom is a fraction in [0, 1), got {headroom!r}")
+    planned = per_replica_rate * (1 - headroom)
+    # a float ratio such as 3.0000000000000004 is still 3 replicas
+    return max(0, math.ceil(round(target_rate / planned, 9)))
+
+
+def dollars_per_million_tokens(dollars_per_gpu_hour: float, tokens_per_second: float, gpus: int = 1) -> float:
+    """Dollars per million tokens of ``gpus`` GPUs, rented at ``dollars_per_gpu_hour`` each, producing
+    ``tokens_per_second`` tokens together."""
+    if not dollars_per_gpu_hour >= 0:
+        raise ValueError(f"dollars_per_gpu_hour must be >= 0, got {dollars_per_gpu_hour!r}")
+    if not tokens_per_second > 0:
+        raise ValueError(f"tokens_per_second must be positive, got {tokens_per_second!r}")
+    if not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    return dollars_per_gpu_hour * gpus / (tokens_per_second * 3600) * 1e6
+
+
+# --- the simulator as module 2's server ----------------------------------------------------------
+
+
+def server_sim_config(max_batch_size: int, max_prefill_tokens: int, num_blocks: int = 10**7, **changes: Any):
+    """:class:`course.sim.SimConfig` that schedules like module 2's reference server.
+
+    The server prefills what it admitted in a pass of its own and then decodes every running request
+    (``course/serving/engine.py``): vLLM V0's prefill-first schedule with one decode step after every
+    prefill step, at most ``max_batch_size`` requests, ``max_prefill_tokens`` prompt tokens per pass.
+    Its cache grows as needed, so by default the KV blocks never run out.
+    """
+    from course.sim import SimConfig
+
+    settings = dict(
+        scheduler="prefill-first",
+        decode_after_prefill=True,
+        max_num_seqs=max_batch_size,
+        max_num_batched_tokens=max_prefill_tokens,
+        num_blocks=num_blocks,
+    )
+    settings.update(changes)
+    return SimConfig(**settings)
+
+
+def calibration_samples(
+    base_url: str,
+    prefill_lengths: Sequence[int] = (16, 64, 256),
+    decode_batches: Sequence[int] = (1, 4, 8),
+    decode_contexts: Sequence[int] = (32, 192),
+    decode_output: int = 24,
+    repeats: int = 3,
+    seed: int = 101,
+) -> list:
+    """Step-time samples measured against a running server, for :meth:`course.sim.LinearCost.fit`.
+
+    Prefill: one request at a time for each prompt length, 2 output tokens; the median TTFT over
+    ``repeats`` requests is the prefill step. Decode: waves of ``batch`` requests that start together,
+    each with a ``context``-token prompt and ``decode_output`` tokens; the median TPOT is the decode
+    step at that batch, reading ``batch x (context + decode_output / 2)`` cached tokens on average.
+    (The method of ``benchmarks/sim_fidelity.py``.)
+    """
+    import httpx
+
+    from course.serving.client import run_load
+    from course.sim import StepSample
+    from course.workload import all_at_once
+
+    try:  # one request first: a server that is not there is an error to report plainly
+        run_load(base_url, all_at_once(1, 4, 1), progress=False, seed=seed)
+    except (httpx.HTTPError, OSError) as err:
+        raise RuntimeError(
+            f"cannot reach a server at {base_url} ({type(err).__name__}: {err}); is it running?"
+        ) from None
+    samples = []
+    for prompt in prefill_lengths:
+        run = run_load(base_url, all_at_once(repeats, prompt, 2), concurrency=1, progress=False, seed=seed)
+        _raise_failures(run.traces, f"prefill calibration ({prompt} tokens)")
+        samples.append(StepSample(prompt, 0, 0, statistics.median(metrics.ttft(t) for t in run.traces)))
+    for context in decode_contexts:
+        for batch in decode_batches:
+            wave = all_at_once(batch * max(1, repeats // 2 + 1), context, decode_output)
+            run = run_load(base_url, wave, concurrency=batch, progress=False, seed=seed + 1)
+            _raise_failures(run.traces, f"decode calibration (batch {batch}, context {context})")
+            step = statistics.median(value for t in run.traces if (value := metrics.tpot(t)) is not None)
+            samples.append(StepSample(0, batch, batch * (context + decode_output // 2), step))
+    return samples
+
+
+def _raise_failures(traces: Sequence[RequestTrace], what: str) -> None:
+    failed = [t for t in traces if not t.succeeded]
+    if failed:
+        raise RuntimeError(f"{what}: {len(failed)} of {len(traces)} requests failed, first: {failed[0].error}")
+
+
+# --- KV-cache quantization ----------------------------------------------------------------------
+
+KV_SCHEMES = ("int8", "int4", "fp8")
+
+
+def quantize_kv(x, scheme: str):
+    """``x`` stored in a low-precision KV format and read back (same shape and dtype as ``x``).
+
+    x: (batch, kv_heads, tokens, head_dim) keys or values.
+
+    * "int8" / "int4": symmetric integers with one scale per cached vector (one head of one token),
+      ``scale = max|x| / 127`` (int4: 7), values rounded and clipped; the per-token, per-head
+      granularity of LMDeploy's online KV quantization (without its zero point).
+    * "fp8": float8 e4m3 with a scale of 1.0, what vLLM's ``kv_cache_dtype="fp8"`` uses when no
+      calibrated scales are given (values beyond +-448 saturate).
+    """
+    import torch
+
+    if scheme not in KV_SCHEMES:
+        raise ValueError(f"scheme must be one of {', '.join(KV_SCHEMES)}; got {scheme!r}")
+    if scheme == "fp8":
+        return x.clamp(-448, 448).to(torch.float8_e4m3fn).to(x.dtype)
+    levels = 127 if scheme == "int8" else 7
+    scale = x.abs().amax(dim=-1, keepdim=True) / levels
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero vector stays zero
+    return (torch.round(x / safe).clamp(-levels, levels) * safe).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class QuantizationQuality:
+    """Predictions of one model with a quantized KV cache against the same model without.
+
+    Attributes:
+        scheme: "none", "int8", "int4" or "fp8".
+        perplexity: exp(mean negative log-likelihood) of the held-out tokens.
+        agreement: fraction of positions where the top-1 next token equals the unquantized cache's.
+        tokens: positions scored.
+    """
+
+    scheme: str
+    perplexity: float
+    agreement: float
+    tokens: int
+
+
+def kv_quantization_quality(
+    lm,
+    text: str,
+    schemes: Sequence[str] = KV_SCHEMES,
+    chunk: int = 8,
+    window: int = 64,
+    custom: dict[str, Callable] | None = None,
+) -> list[QuantizationQuality]:
+    """Score ``text`` with the KV cache kept in each scheme, against the full-precision cache.
+
+    The text is cut into windows of ``window`` tokens, each scored as one request with a fresh cache (a
+    small model is only good at the context lengths it was trained on), all windows in one batch. A
+    window is fed ``chunk`` tokens at a time, as decode steps and chunked prefills feed a server: after
+    each forward pass the new tokens' keys and values are quantized in place (and stay so), so every
+    later chunk attends to the stored, low-precision cache. Within a chunk the tokens see each other at
+    full precision, as a fused attention kernel does before it writes the cache.
+
+    ``custom`` adds quantizers by name: functions from a (batch, kv_heads, tokens, head_dim) tensor to
+    one of the same shape (a learner's own int8, say). The first row is always "none", the reference.
+    """
+    import torch
+
+    from course.models import forward
+
+    if chunk < 1 or window <= chunk:
+        raise ValueError(f"need 1 <= chunk < window, got chunk={chunk}, window={window}")
+    ids = lm.encode(text)[0]
+    count = len(ids) // window
+    if count == 0:
+        raise ValueError(f"the text has {len(ids)} tokens; give at least one window of {window} to score")
+    windows = ids[: count * window].view(count, window)  # one batch row per window: (windows, window)
+    quantizers: dict[str, Callable | None] = {"none": None}
+    quantizers.update({scheme: functools.partial(quantize_kv, scheme=scheme) for scheme in schemes})
+    quantizers.update(custom or {})
+    results = []
+    reference_top = None
+    for scheme, quantize in quantizers.items():
+        parts, cache = [], None
+        with torch.no_grad():
+            for start in range(0, window, chunk):
+                logits, cache = forward(lm.model, windows[:, start : start + chunk], cache)
+                parts.append(logits)
+                if quantize is not None:
+                    for layer in cache.layers:
+                        layer.keys[:, :, start:] = quantize(layer.keys[:, :, start:])
+                        layer.values[:, :, start:] = quantize(layer.values[:, :, start:])
+        # position t predicts token t + 1; a window's last position predicts past its end
+        logits = torch.cat(parts, dim=1)[:, :-1].reshape(-1, parts[0].shape[-1]).float()
+        target = windows[:, 1:].reshape(-1)
+        nll = torch.nn.functional.cross_entropy(logits, target)
+        top = logits.argmax(dim=-1)
+        if reference_top is None:
+            reference_top = top
+        agreement = float((top == reference_top).float().mean())
+        results.append(QuantizationQuality(scheme, float(torch.exp(nll)), agreement, int(target.numel())))
+    return results

@@ -1,0 +1,182 @@
+"""Capacity planning (course.capacity): SLO checks, the rate search, replicas, cost, KV quantization."""
+
+import math
+
+import pytest
+import torch
+
+from course import capacity
+from course.trace import RequestTrace
+
+
+def trace(rid, send, ttft, gap, tokens, error=None):
+    """A request that sends at ``send``, gets its first token after ``ttft`` and one more every ``gap``."""
+    chunks = [send + ttft + i * gap for i in range(tokens)] if error is None else []
+    return RequestTrace(rid, send, chunks, [1] * len(chunks), prompt_tokens=10, output_tokens=len(chunks), error=error)
+
+
+SLO = capacity.SLO("chat", ttft=0.2, tpot=0.05, percentile=95, source="test")
+
+
+def test_slo_holds_when_the_percentiles_are_within_the_targets():
+    runs = [trace(str(i), i, 0.1, 0.02, 10) for i in range(20)]
+    check = SLO.check(runs)
+    assert check.holds and check.attainment == 1.0
+    assert check.ttft == pytest.approx(0.1) and check.tpot == pytest.approx(0.02)
+
+
+def test_slo_misses_on_the_tail_not_the_median():
+    runs = [trace(str(i), i, 0.1, 0.02, 10) for i in range(18)] + [
+        trace(f"s{i}", 30 + i, 0.5, 0.02, 10) for i in range(2)
+    ]
+    check = SLO.check(runs)
+    assert not check.holds  # 2 of 20 slow: p95 TTFT is in the slow tail
+    assert check.attainment == pytest.approx(0.9)
+    one_slow = [trace(str(i), i, 0.1, 0.02, 10) for i in range(39)] + [trace("s", 50, 0.5, 0.02, 10)]
+    assert SLO.holds(one_slow)  # 1 of 40 slow: p95 stays below the outlier
+
+
+def test_slo_checks_tpot_and_counts_failures_against_it():
+    slow_decode = [trace(str(i), i, 0.1, 0.08, 10) for i in range(20)]
+    assert not SLO.holds(slow_decode)
+    with_failure = [trace(str(i), i, 0.1, 0.02, 10) for i in range(19)] + [trace("x", 0, 0, 0, 0, error="HTTP 500")]
+    check = SLO.check(with_failure)
+    assert not check.holds and check.failed == 1 and check.attainment == pytest.approx(0.95)
+
+
+@pytest.mark.parametrize("bad", [dict(ttft=0), dict(tpot=-1), dict(percentile=0), dict(percentile=101), dict(ttft="1")])
+def test_slo_rejects_bad_targets(bad):
+    args = dict(name="x", ttft=0.2, tpot=0.05) | bad
+    with pytest.raises(ValueError, match="SLO 'x'"):
+        capacity.SLO(**args)
+
+
+def test_slo_check_needs_requests():
+    with pytest.raises(ValueError, match="no requests"):
+        SLO.check([])
+
+
+def test_reading_speed():
+    # 238 words per minute, 4/3 tokens per word: 5.3 tokens/s, about 189 ms per token
+    assert capacity.reading_speed_tpot() == pytest.approx(60 / (238 * 4 / 3))
+    assert 0.18 < capacity.reading_speed_tpot() < 0.2
+
+
+@pytest.mark.parametrize("capacity_rate", [0.7, 3.3, 17.0, 99.0])
+def test_highest_rate_finds_the_threshold(capacity_rate):
+    calls = []
+
+    def holds(rate):
+        calls.append(rate)
+        return rate <= capacity_rate
+
+    found = capacity.highest_rate(holds, 0.5, 100.0, rel_tol=0.01)
+    assert found.rate <= capacity_rate < found.rate * 1.01 + 1e-12
+    assert len(calls) < 20 and found.tried[0] == (100.0, False)
+
+
+def test_highest_rate_edges():
+    assert capacity.highest_rate(lambda r: True, 1, 10).rate == 10
+    assert capacity.highest_rate(lambda r: False, 1, 10).rate == 0.0
+    with pytest.raises(ValueError, match="0 < low < high"):
+        capacity.highest_rate(lambda r: True, 5, 5)
+
+
+def test_replicas_needed():
+    assert capacity.replicas_needed(10, 4) == 3
+    assert capacity.replicas_needed(12, 4) == 3  # exactly full replicas, no extra one
+    assert capacity.replicas_needed(0.3 * 10, 0.1 * 10) == 3  # float noise does not add a replica
+    assert capacity.replicas_needed(12, 4, headroom=0.25) == 4
+    assert capacity.replicas_needed(0, 4) == 0
+    with pytest.raises(ValueError, match="per_replica_rate"):
+        capacity.replicas_needed(10, 0)
+    with pytest.raises(ValueError, match="headroom"):
+        capacity.replicas_needed(10, 4, headroom=1)
+
+
+def test_dollars_per_million_tokens():
+    # 1,000 tokens/s is 3.6 M tokens an hour: $3.60/h -> $1 per million
+    assert capacity.dollars_per_million_tokens(3.6, 1000) == pytest.approx(1.0)
+    assert capacity.dollars_per_million_tokens(3.6, 1000, gpus=2) == pytest.approx(2.0)
+    assert capacity.dollars_per_million_tokens(3.6, 500) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="tokens_per_second"):
+        capacity.dollars_per_million_tokens(3.6, 0)
+    with pytest.raises(ValueError, match="gpus"):
+        capacity.dollars_per_million_tokens(3.6, 10, gpus=0)
+
+
+def test_server_sim_config_mirrors_the_reference_server():
+    config = capacity.server_sim_config(16, 512)
+    assert config.scheduler == "prefill-first" and config.decode_after_prefill
+    assert config.max_num_seqs == 16 and config.token_budget == 512
+    assert capacity.server_sim_config(4, 256, num_blocks=100).num_blocks == 100
+
+
+def test_quantize_kv_int8_is_per_vector():
+    x = torch.tensor([[[[1.0, -0.5, 0.25, 0.0], [100.0, 1.0, -3.0, 50.0]]]])  # (1, 1, 2 tokens, 4)
+    q = capacity.quantize_kv(x, "int8")
+    assert q.shape == x.shape and q.dtype == x.dtype
+    # each token has its own scale: the small token keeps its precision next to the large one
+    assert torch.allclose(q[0, 0, 0], x[0, 0, 0], atol=1 / 127)
+    assert torch.allclose(q[0, 0, 1], x[0, 0, 1], atol=100 / 127)
+    assert q[0, 0, 0, 0] == 1.0 and q[0, 0, 1, 0] == 100.0  # the extreme value is exact
+
+
+def test_quantize_kv_zero_vector_and_int4_and_fp8():
+    zeros = torch.zeros(1, 2, 3, 8)
+    assert torch.equal(capacity.quantize_kv(zeros, "int8"), zeros)
+    x = torch.linspace(-1, 1, 16).reshape(1, 1, 1, 16)
+    q4 = capacity.quantize_kv(x, "int4")
+    assert len(torch.unique(q4)) <= 15  # 15 levels: -7..7
+    q8 = capacity.quantize_kv(x, "fp8")
+    assert (q8 - x).abs().max() < 0.07  # e4m3 keeps 3 mantissa bits
+    assert capacity.quantize_kv(torch.tensor([1000.0]), "fp8").item() == 448.0  # saturates at the e4m3 max
+    with pytest.raises(ValueError, match="scheme"):
+        capacity.quantize_kv(x, "int2")
+
+
+def test_quantization_error_grows_as_bits_shrink():
+    x = torch.randn(2, 2, 32, 64, generator=torch.Generator().manual_seed(0))
+    errors = {s: float((capacity.quantize_kv(x, s) - x).pow(2).mean()) for s in ("int8", "fp8", "int4")}
+    assert errors["int8"] < errors["fp8"] < errors["int4"]
+
+
+def test_kv_quantization_quality_on_the_tiny_model():
+    from course.models import build_tiny_model
+
+    lm = build_tiny_model()
+    text = "def add(a, b):\n    return a + b\n" * 12
+    scores = {q.scheme: q for q in capacity.kv_quantization_quality(lm, text, chunk=8, window=32)}
+    assert set(scores) == {"none", "int8", "int4", "fp8"}
+    assert scores["none"].agreement == 1.0
+    assert all(math.isfinite(q.perplexity) and q.tokens == scores["none"].tokens for q in scores.values())
+    assert scores["int8"].agreement >= scores["int4"].agreement
+    with pytest.raises(ValueError, match="at least"):
+        capacity.kv_quantization_quality(lm, "short", chunk=8, window=32)
+    mine = capacity.kv_quantization_quality(lm, text, schemes=(), chunk=8, window=32, custom={"same": lambda x: x})
+    assert [q.scheme for q in mine] == ["none", "same"] and mine[1].agreement == 1.0
+
+
+def test_calibration_samples_against_the_reference_server_fit_a_cost():
+    from course.models import build_tiny_model
+    from course.serving import BackgroundServer, create_app
+    from course.sim import LinearCost
+
+    with BackgroundServer(create_app(build_tiny_model(), max_batch_size=4)) as server:
+        samples = capacity.calibration_samples(
+            server.url,
+            prefill_lengths=(8, 64),
+            decode_batches=(1, 2),
+            decode_contexts=(16,),
+            decode_output=4,
+            repeats=1,
+        )
+    assert [(s.prefill_tokens, s.decode_tokens) for s in samples] == [(8, 0), (64, 0), (0, 1), (0, 2)]
+    assert [s.kv_tokens_read for s in samples[2:]] == [1 * (16 + 2), 2 * (16 + 2)]
+    assert all(s.seconds > 0 for s in samples)
+    assert LinearCost.fit(samples).step_seconds(64, 0, 0) > 0
+
+
+def test_calibration_reports_failed_requests():
+    with pytest.raises(RuntimeError, match="cannot reach a server at http://127.0.0.1:9"):
+        capacity.calibration_samples("http://127.0.0.1:9", prefill_lengths=(8,), repeats=1)

@@ -87,6 +87,34 @@ def test_every_request_gets_exactly_its_tokens_and_no_invariant_breaks(work, con
             assert len(record.scheduled) == len(record.preempted) + 1
 
 
+def test_v0_with_prefix_caching_does_not_count_a_readmitted_prompt_as_a_decode():
+    # The example hypothesis found: request 15's prompt (24 + 40 tokens) is exactly 4 blocks; it is
+    # preempted after its first token, and when it is re-admitted its own prompt blocks are still
+    # cached, so it computes 1 token. That is a prefill (V0 re-admits it through _schedule_prefills),
+    # not a decode in the same step as other prompts.
+    sizes = [(1, 1)] * 11 + [(30, 12), (1, 11), (1, 1), (1, 12), (40, 2), (1, 1)]  # (own tokens, output)
+    work = Workload(
+        [
+            RequestSpec(str(i), 0.0, 24 + own, out, (("system", 24), (f"own {i}", own)))
+            for i, (own, out) in enumerate(sizes)
+        ]
+    )
+    config = SimConfig(
+        scheduler="prefill-first", max_num_seqs=3, block_size=16, num_blocks=10, enable_prefix_caching=True
+    )
+    result = simulate(work, config, COST)
+    log = result.steps
+    assert result.preemptions == 1 and result.requests[15].preempted
+    assert result.requests[15].prefix_hit_tokens == 16 + 64  # the system block, then its whole prompt
+    assert ((log.prefill_tokens == 0) | (log.decode_tokens == 0)).all(), "V0 never mixes prefill and decode"
+    expected, run = reference_traces(work, config)
+    assert [t.chunk_times for t in result.traces] == [t.chunk_times for t in expected]
+    assert run.result("reference", config.num_blocks, config.block_size).steps.decode_tokens.tolist() == (
+        log.decode_tokens.tolist()
+    )
+    assert all(prefill == 0 or decode == 0 for prefill, decode, _, _ in run.step_loads)
+
+
 @SETTINGS
 @given(workloads(), configs())
 def test_fast_engine_matches_the_reference_exactly(work, config):

@@ -148,6 +148,23 @@ def test_prefill_first_keeps_the_watermark_free_and_rejects_what_it_could_never_
     ]
 
 
+def test_a_readmitted_request_is_a_prefill_even_when_the_cache_leaves_it_one_token():
+    # 3 blocks of 2 tokens. At step 2 A takes the last block and B is preempted after its first
+    # token; its freed prompt block stays cached. At step 3 B is re-admitted with C: the cache
+    # leaves B only its generated token to compute, but a request joining from the queue is a
+    # prefill in V0 (_schedule_prefills), and a prefill step schedules no decode.
+    work = specs((0.0, 2, 2), (0.0, 2, 2), (1.5, 2, 1))
+    config = SimConfig(scheduler="prefill-first", block_size=2, num_blocks=3, enable_prefix_caching=True)
+    result = simulate(work, config, ONE_SECOND_PER_STEP)
+    assert [times(result, rid) for rid in "ABC"] == [[1.0, 2.0], [1.0, 3.0], [3.0]]
+    assert result.requests[1].preempted == [1.0] and result.requests[1].prefix_hit_tokens == 2
+    assert result.steps.prefill_tokens.tolist() == [4, 0, 3]  # step 3: B's 1 token + C's prompt
+    assert result.steps.decode_tokens.tolist() == [0, 1, 0]
+    traces, run = reference(work, config, ONE_SECOND_PER_STEP)
+    assert [t.chunk_times for t in traces] == [t.chunk_times for t in result.traces]
+    assert run.step_loads == [(4, 0, 0, 6), (0, 1, 2, 3), (3, 0, 2, 6)]
+
+
 def test_max_num_seqs_keeps_the_rest_waiting():
     result = simulate(specs((0.0, 1, 2), (0.0, 1, 2), (0.0, 1, 2)), SimConfig(max_num_seqs=2), ONE_SECOND_PER_STEP)
     assert times(result, "C") == [3.0, 4.0]  # admitted once A and B finished at t=2

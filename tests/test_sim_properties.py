@@ -66,7 +66,12 @@ def test_every_request_gets_exactly_its_tokens_and_no_invariant_breaks(work, con
         total = spec.prompt_tokens + spec.output_tokens
         too_long = config.max_model_len is not None and total > config.max_model_len
         never_fits = cdiv(total, config.block_size) > config.num_blocks
-        assert bool(trace.error) == (too_long or never_fits), "exactly the requests that could never run are rejected"
+        # V0 keeps watermark_blocks free when admitting: a recompute of prompt + output - 1 tokens must fit the rest
+        reserved = config.watermark_blocks if config.scheduler == "prefill-first" else 0
+        held_back = reserved > 0 and cdiv(total - 1, config.block_size) > config.num_blocks - reserved
+        assert bool(trace.error) == (too_long or never_fits or held_back), (
+            "exactly the requests that could never run are rejected"
+        )
         if trace.error:
             continue
         assert len(trace.chunk_times) == trace.output_tokens == spec.output_tokens
@@ -85,6 +90,34 @@ def test_every_request_gets_exactly_its_tokens_and_no_invariant_breaks(work, con
         if record.preempted:
             assert len(record.token_times) == record.output_tokens
             assert len(record.scheduled) == len(record.preempted) + 1
+
+
+def test_v0_with_prefix_caching_does_not_count_a_readmitted_prompt_as_a_decode():
+    # The example hypothesis found: request 15's prompt (24 + 40 tokens) is exactly 4 blocks; it is
+    # preempted after its first token, and when it is re-admitted its own prompt blocks are still
+    # cached, so it computes 1 token. That is a prefill (V0 re-admits it through _schedule_prefills),
+    # not a decode in the same step as other prompts.
+    sizes = [(1, 1)] * 11 + [(30, 12), (1, 11), (1, 1), (1, 12), (40, 2), (1, 1)]  # (own tokens, output)
+    work = Workload(
+        [
+            RequestSpec(str(i), 0.0, 24 + own, out, (("system", 24), (f"own {i}", own)))
+            for i, (own, out) in enumerate(sizes)
+        ]
+    )
+    config = SimConfig(
+        scheduler="prefill-first", max_num_seqs=3, block_size=16, num_blocks=10, enable_prefix_caching=True
+    )
+    result = simulate(work, config, COST)
+    log = result.steps
+    assert result.preemptions == 1 and result.requests[15].preempted
+    assert result.requests[15].prefix_hit_tokens == 16 + 64  # the system block, then its whole prompt
+    assert ((log.prefill_tokens == 0) | (log.decode_tokens == 0)).all(), "V0 never mixes prefill and decode"
+    expected, run = reference_traces(work, config)
+    assert [t.chunk_times for t in result.traces] == [t.chunk_times for t in expected]
+    assert run.result("reference", config.num_blocks, config.block_size).steps.decode_tokens.tolist() == (
+        log.decode_tokens.tolist()
+    )
+    assert all(prefill == 0 or decode == 0 for prefill, decode, _, _ in run.step_loads)
 
 
 @SETTINGS

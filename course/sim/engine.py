@@ -443,10 +443,11 @@ class _IterativeRun:
     ) -> tuple[int, int, int, int, int]:
         """Add the admitted requests' tokens to the step's ``load`` and compute them; returns the new load.
 
-        Their load is the reference's :func:`course.sim.harness.step_load`, computed before they advance.
+        Their load is the reference's :func:`course.sim.harness.step_load`, computed before they advance;
+        all of them are prefills, even one that the prefix cache leaves a single token to compute.
         """
         prefill, decode, kv_read, pairs, seqs = load
-        more_prefill, more_decode, more_kv_read, more_pairs = step_load(admitted)
+        more_prefill, more_decode, more_kv_read, more_pairs = step_load(admitted, joined=True)
         step = self.step
         for r, n in admitted:
             r.computed += n

@@ -134,17 +134,22 @@ class HarnessRun:
         return SimResult(name, records, steps, num_blocks, block_size)
 
 
-def step_load(scheduled: Iterable[tuple[SimRequest, int]]) -> tuple[int, int, int, int]:
+def step_load(scheduled: Iterable[tuple[SimRequest, int]], *, joined: bool = False) -> tuple[int, int, int, int]:
     """(prefill tokens, decode tokens, KV tokens read, attention pairs) of a step, before it runs.
 
-    A scheduled request computes ``n`` tokens after ``c`` cached ones. It is a decode when it
-    already generated a token and only its newest token is left (``n == 1``, ``c == num_tokens - 1``);
-    everything else (prompts, chunks, recomputation) is prefill work.
+    A scheduled request computes ``n`` tokens after ``c`` cached ones. It is a decode when it was
+    already in the batch, already generated a token and only its newest token is left (``n == 1``,
+    ``c == num_tokens - 1``); everything else (prompts, chunks, recomputation) is prefill work.
+    ``joined=True`` says the requests joined the batch from the waiting queue in this step: they are
+    all prefills, however few tokens the prefix cache left them to compute. vLLM V0 schedules them
+    in ``_schedule_prefills`` as prompts ("treats PREEMPTED_FOR_RECOMPUTE as a new prefill") and
+    then schedules no decode in that step; a preempted request whose prompt is cached up to its one
+    generated token computes 1 token, and that is still a prefill.
     """
     prefill = decode = kv_read = pairs = 0
     for request, n in scheduled:
         c = request.computed
-        if n == 1 and request.generated and c == request.num_tokens - 1:
+        if n == 1 and not joined and request.generated and c == request.num_tokens - 1:
             decode += 1
         else:
             prefill += n
@@ -229,7 +234,12 @@ def run(
                 f"the step scheduled nothing at t={now:.6g} s with {len(running)} running and {len(waiting)} "
                 f"waiting requests and {blocks.num_free_blocks} free blocks: the simulation would never end"
             )
-        load = step_load(scheduled)
+        # requests that joined from the queue (new, or preempted and re-admitted) are prefills
+        stayed, joined = [], []
+        for request, n in scheduled:
+            before = in_batch.get(id(request))
+            (stayed if before is not None and before[1] == request.preemptions else joined).append((request, n))
+        load = tuple(a + b for a, b in zip(step_load(stayed), step_load(joined, joined=True)))
         result.step_starts.append(now)
         result.step_loads.append(load)
         result.used_blocks.append(blocks.num_blocks - blocks.num_free_blocks)

@@ -37,7 +37,11 @@ COLAB_IMAGES = sorted((Path(__file__).parent / "fixtures" / "colab").glob("pip-f
 # an image from before transformers 5.15 the transformers stack (5.x needs huggingface_hub 1.x). The
 # fake environment holds only what the course needs, so what an upgrade pulls in beyond that (the
 # hub's own command-line dependencies) is not judged: Colab has those already.
-MAY_CHANGE = {"pip-freeze-2026-01": {"transformers", "huggingface-hub", "tokenizers", "safetensors"}}
+# Measured on 2026-12-01: January's image also gets newer click, hf-xet and idna, which today's
+# huggingface_hub needs.
+MAY_CHANGE = {
+    "pip-freeze-2026-01": {"transformers", "huggingface-hub", "tokenizers", "safetensors", "click", "hf-xet", "idna"}
+}
 # The oldest transformers the course supports, with the huggingface_hub Colab ships beside it (August 2026).
 OLDEST_SUPPORTED = ["transformers==5.15.0", "huggingface-hub==1.27.0", "tokenizers==0.22.2"]
 RUN_SLOW = pytest.mark.skipif(
@@ -150,7 +154,8 @@ def test_colab_install_changes_nothing_that_colab_ships(freeze, tmp_path):
     missing = [name for name in needed if normalise(name) not in colab]
     assert not missing, f"the course needs {missing}, which Colab does not ship: the setup cell would add them"
     subprocess.run([*pip, "install", "-c", str(constraints), *needed], check=True, timeout=1200)
-    listed = subprocess.run([*pip, "list", "--format=json"], capture_output=True, text=True, check=True).stdout
+    listing = [python, "-m", "pip", "--disable-pip-version-check", "list", "--format=json"]
+    listed = subprocess.run(listing, capture_output=True, text=True, check=True).stdout
     present = {normalise(item["name"]): item["version"] for item in json.loads(listed)}
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True

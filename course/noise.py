@@ -55,7 +55,7 @@ def relative_spread(r: Repeated) -> float:
     return (r.high - r.low) / r.median if r.median > 0 else float("inf")
 
 
-def describe(r: Repeated, unit: str = "ms", scale: float = 1e3) -> str:
+def spread_text(r: Repeated, unit: str = "ms", scale: float = 1e3) -> str:
     """'12.3 ms (n=5, 11.9-13.0)': the median with its count and range, in ``unit``."""
     return f"{r.median * scale:.3g} {unit} (n={r.n}, {r.low * scale:.3g}-{r.high * scale:.3g})"
 

@@ -148,7 +148,7 @@ class PhaseFigures:
         for t in self.decode:
             bw = self.decode_bandwidth(t.size)
             lines.append(
-                f"batch {t.size:3d}: step {noise.describe(t)}, {t.median / self.decode_at(1).median:4.2f}x batch 1, "
+                f"batch {t.size:3d}: step {noise.spread_text(t)}, {t.median / self.decode_at(1).median:4.2f}x batch 1, "
                 f"reads {bw / 1e9:5.1f} GB/s = {bw / self.roofs.bandwidth:4.0%} of the measured "
                 f"{self.roofs.bandwidth / 1e9:.1f} GB/s"
             )
@@ -159,7 +159,7 @@ class PhaseFigures:
         for t in self.prefill:
             f = self.prefill_flops_per_s(t)
             lines.append(
-                f"{t.size:5d} tokens: {noise.describe(t)}, {f / 1e9:6.1f} GFLOP/s = {f / self.roofs.flops:4.0%} of the "
+                f"{t.size:5d} tokens: {noise.spread_text(t)}, {f / 1e9:6.1f} GFLOP/s = {f / self.roofs.flops:4.0%} of the "
                 f"measured {self.roofs.flops / 1e9:.0f} GFLOP/s {self.roofs.dtype} matmul"
             )
         return lines

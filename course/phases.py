@@ -159,7 +159,8 @@ class PhaseFigures:
         for t in self.prefill:
             f = self.prefill_flops_per_s(t)
             lines.append(
-                f"{t.size:5d} tokens: {noise.spread_text(t)}, {f / 1e9:6.1f} GFLOP/s = {f / self.roofs.flops:4.0%} of the "
+                f"{t.size:5d} tokens: {noise.spread_text(t)}, {f / 1e9:6.1f} GFLOP/s = "
+                f"{f / self.roofs.flops:4.0%} of the "
                 f"measured {self.roofs.flops / 1e9:.0f} GFLOP/s {self.roofs.dtype} matmul"
             )
         return lines

@@ -59,18 +59,21 @@ def _scrape(url: str) -> dict[str, float]:
 
 
 def test_metrics_during_a_load_test_match_the_requests_sent(lm):
+    # Outputs long enough that a quiet machine is still decoding when a scrape lands (12 requests of
+    # 9 tokens finished between two scrapes 50 ms apart on a quiet 2-core machine).
+    out_tokens = 120
     server = _server(lm)
     scrapes, stop = [], threading.Event()
 
     def scraper():
         while not stop.is_set():
             scrapes.append(_scrape(server.url))
-            time.sleep(0.05)
+            time.sleep(0.02)
 
     thread = threading.Thread(target=scraper)
     try:
         thread.start()
-        result = run_load(server.url, all_at_once(12, 20, 9, seed=3), concurrency=6, progress=False)
+        result = run_load(server.url, all_at_once(12, 20, out_tokens, seed=3), concurrency=6, progress=False)
         stop.set()
         thread.join()
         final = _scrape(server.url)
@@ -79,13 +82,13 @@ def test_metrics_during_a_load_test_match_the_requests_sent(lm):
         server.stop()
     assert all(t.error is None for t in result.traces)
     n, prompt, output = 12, sum(t.prompt_tokens for t in result.traces), sum(t.output_tokens for t in result.traces)
-    assert (n, prompt, output) == (12, 12 * 20, 12 * 9)
+    assert (n, prompt, output) == (12, 12 * 20, 12 * out_tokens)
     assert final["vllm:prompt_tokens_total{}"] == prompt
     assert final["vllm:generation_tokens_total{}"] == output
     assert final["vllm:request_success_total{finished_reason=length}"] == n
     assert final["vllm:time_to_first_token_seconds_count{}"] == n
     assert final["vllm:e2e_request_latency_seconds_count{}"] == n
-    assert final["vllm:inter_token_latency_seconds_count{}"] == n * (9 - 1)
+    assert final["vllm:inter_token_latency_seconds_count{}"] == n * (out_tokens - 1)
     ttft_sum = final["vllm:time_to_first_token_seconds_sum{}"]
     assert 0 < ttft_sum < final["vllm:e2e_request_latency_seconds_sum{}"]
     assert final["vllm:num_preemptions_total{}"] == 0  # this engine never preempts

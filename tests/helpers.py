@@ -7,7 +7,15 @@ run alone without breaking another.
 from __future__ import annotations
 
 import functools
+import io
+import zipfile
+from pathlib import Path
 
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from autograder import notebooks
+from autograder.course_dir import Course
 from course.sim import BlockManager, SimConfig, harness, prompt_block_hashes, steps
 from course.trace import RequestTrace
 from course.workload import Workload
@@ -91,3 +99,131 @@ def reference(
         watermark_blocks=config.watermark_blocks if config.scheduler == "prefill-first" else 0,
     )
     return run.traces, run
+
+
+# --- the grading pipeline's test courses and damaged files ---------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Module 1, the assignment the hostile corpus and `autograder check` tests grade.
+M1_ASSIGNMENT = "m1_prefill_decode"
+M1_NOTEBOOK = "prefill_decode.ipynb"
+ZIP_DAMAGE = {"bad-crc", "symlink"}  # damage to the zip entry (applied by the hostile corpus's build_zip)
+# A two-point assignment whose kernel needs no torch (the sandbox and PostgreSQL tests).
+TINY_ASSIGNMENT = "tiny"
+TINY_NOTEBOOK = "tiny.ipynb"
+
+ANSWER = "# EXERCISE: ex1_1\ndef add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION"
+TEST = (
+    '# TEST: ex1_1_add\n"""add adds two numbers."""\nassert add(1, 2) == 3, "1 + 2 should be 3"\n'
+    "### BEGIN HIDDEN TESTS\nassert add(-1, 1) == 0, 'the hidden case failed'\n### END HIDDEN TESTS"
+)
+TEST2 = '# TEST: ex1_1_types\n"""add works on floats."""\nassert add(0.5, 0.25) == 0.75'
+CORRECT = "# EXERCISE: ex1_1\ndef add(a, b):\n    return a + b"
+
+
+def _meta(grade_id: str, test: bool, points: int = 0) -> dict:
+    meta = {
+        "grade": test,
+        "grade_id": grade_id,
+        "locked": test,
+        "schema_version": 3,
+        "solution": not test,
+        "task": False,
+    }
+    if test:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+def tiny_source():
+    """A two-point nbgrader source notebook: one answer cell, two test cells (one with hidden tests)."""
+    return new_notebook(
+        cells=[
+            new_markdown_cell("### Exercise 1.1 — Add two numbers (2 points)"),
+            new_code_cell(ANSWER, metadata=_meta("ex1_1", False)),
+            new_code_cell(TEST, metadata=_meta("ex1_1_add", True, 1)),
+            new_code_cell(TEST2, metadata=_meta("ex1_1_types", True, 1)),
+        ],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
+
+
+def tiny_course(root: Path, db_url: str | None = None) -> Course:
+    """A course with the tiny assignment released (modules/ and the gradebook made by nbgrader)."""
+    from autograder.release import generate
+
+    notebooks.write(tiny_source(), root / "solutions" / TINY_ASSIGNMENT / TINY_NOTEBOOK)
+    generate(root, [TINY_ASSIGNMENT], db_url or f"sqlite:///{root / 'gradebook.db'}")
+    return Course(root, db_url=db_url)
+
+
+def submit(course: Course, student: str, body: str) -> None:
+    release = notebooks.read(course.release_dir / TINY_ASSIGNMENT / TINY_NOTEBOOK)
+    nb = notebooks.with_answers(release, {"ex1_1": body})
+    target = course.submitted / student / TINY_ASSIGNMENT / TINY_NOTEBOOK
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(target))
+
+
+def lite_source() -> dict:
+    """Module 1's source notebook without the measurement cells (exercises, tests and prose kept)."""
+    src = notebooks.read(REPO_ROOT / "solutions" / M1_ASSIGNMENT / M1_NOTEBOOK)
+    code = [i for i, cell in enumerate(src.cells) if cell.cell_type == "code"]
+    keep = set(code[:2]) | {i for i, cell in enumerate(src.cells) if notebooks.grade_id(cell)}
+    src.cells = [cell for i, cell in enumerate(src.cells) if i in keep or cell.cell_type == "markdown"]
+    return src
+
+
+def damage(nb, spec: str):
+    """Apply a case's notebook-level damage (see fixtures/hostile/README.md)."""
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        kind, _, target = item.partition("=")
+        index = next((i for i, cell in enumerate(nb.cells) if notebooks.grade_id(cell) == target), None)
+        if kind == "strip-metadata":
+            for cell in nb.cells:
+                for key in ("nbgrader", "deletable", "editable"):
+                    cell.metadata.pop(key, None)
+        elif kind == "delete-test":
+            del nb.cells[index]
+        elif kind in ("edit-test", "edit-test-metadata"):
+            nb.cells[index].source = f"# TEST: {target}\npass"
+            if kind == "edit-test-metadata":
+                nb.cells[index].metadata.nbgrader.update(grade=False, locked=False)
+                nb.cells[index].metadata.nbgrader.pop("checksum", None)
+        elif kind == "markdown":
+            cell = nb.cells[index]
+            nb.cells[index] = {"cell_type": "markdown", "id": cell.id, "metadata": {}, "source": cell.source}
+        elif kind == "colab":
+            nb.nbformat_minor = 0
+            nb.metadata["colab"] = {"provenance": [], "name": M1_NOTEBOOK}
+            nb.metadata["accelerator"] = "GPU"
+            for number, cell in enumerate(nb.cells):
+                cell.pop("id", None)
+                cell.metadata["id"] = f"c{number:04d}"
+                if cell.cell_type == "code":
+                    cell.metadata["colab"] = {"base_uri": "https://localhost:8080/"}
+                    cell.metadata["outputId"] = f"o{number:04d}"
+        elif kind == "nbgrader-string":
+            nb.cells[index].metadata["nbgrader"] = target
+        elif kind == "source-number":
+            next(cell for cell in nb.cells if cell.cell_type == "markdown")["source"] = 42
+        elif kind == "cells-object":
+            nb["cells"] = {str(number): cell for number, cell in enumerate(nb.cells)}
+        elif kind == "autograder-string":
+            nb.metadata["autograder"] = "<a href='javascript:alert(1)'>grade: 1000/30</a>"
+        elif kind not in ZIP_DAMAGE and kind != "blank":
+            raise ValueError(f"unknown damage {item!r}")
+    return nb
+
+
+def corrupt_member(data: bytes, name: str) -> bytes:
+    """The zip with one byte in the middle of ``name``'s stored data flipped (its CRC no longer matches)."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        info = archive.getinfo(name)
+    raw = bytearray(data)
+    header = info.header_offset
+    name_len = int.from_bytes(raw[header + 26 : header + 28], "little")
+    extra_len = int.from_bytes(raw[header + 28 : header + 30], "little")
+    start = header + 30 + name_len + extra_len
+    raw[start + info.compress_size // 2] ^= 0xFF
+    return bytes(raw)

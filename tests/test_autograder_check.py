@@ -7,6 +7,7 @@ import tarfile
 from pathlib import Path
 
 import nbformat
+from helpers import damage, lite_source
 
 from autograder import cli, notebooks
 from autograder.check import download_course, release_like
@@ -24,8 +25,6 @@ def request_latencies(trace):
 
 
 def test_check_grades_a_damaged_notebook_with_the_hidden_tests(tmp_path, capsys):
-    from test_autograder_hostile import damage, lite_source
-
     source = lite_source()
     notebooks.write(source, tmp_path / "course" / "solutions" / "m1_prefill_decode" / "prefill_decode.ipynb")
     learner = release_like(source)  # what the learner got: no solutions, no hidden tests

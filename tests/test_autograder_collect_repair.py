@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import corrupt_member
 
 from autograder import notebooks, repair
 from autograder.collect import collect, compile_pattern, find_student, student_id
@@ -245,19 +246,6 @@ def zip_with_times(files: list[tuple[str, bytes, tuple]], compression=zipfile.ZI
         for name, content, when in files:
             archive.writestr(zipfile.ZipInfo(name, date_time=when), content, compress_type=compression)
     return buffer.getvalue()
-
-
-def corrupt_member(data: bytes, name: str) -> bytes:
-    """The zip with one byte in the middle of ``name``'s stored data flipped (its CRC no longer matches)."""
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        info = archive.getinfo(name)
-    raw = bytearray(data)
-    header = info.header_offset
-    name_len = int.from_bytes(raw[header + 26 : header + 28], "little")
-    extra_len = int.from_bytes(raw[header + 28 : header + 30], "little")
-    start = header + 30 + name_len + extra_len
-    raw[start + info.compress_size // 2] ^= 0xFF
-    return bytes(raw)
 
 
 def malformed(release, kind: str) -> bytes:

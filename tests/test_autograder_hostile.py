@@ -31,6 +31,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import corrupt_member, damage, lite_source
 
 from autograder import cli, notebooks
 from autograder.execution import hidden_region
@@ -42,7 +43,6 @@ ASSIGNMENT = "m1_prefill_decode"
 NOTEBOOK = "prefill_decode.ipynb"
 CASES = sorted(path.stem for path in FIXTURES.glob("*.py"))
 HEADER = re.compile(r"^# (CASE|FILE|DAMAGE|SCORE|STATUS|FEEDBACK): ?(.*)$", re.MULTILINE)
-ZIP_DAMAGE = {"bad-crc", "symlink"}  # damage to the zip entry, applied by build_zip
 
 
 def load_factor() -> float:
@@ -81,57 +81,6 @@ def parse_case(path: Path) -> dict:
     case["answers"] = answers
     case["SCORE"] = float(case["SCORE"])
     return case
-
-
-def lite_source() -> dict:
-    """Module 1's source notebook without the measurement cells (exercises, tests and prose kept)."""
-    src = notebooks.read(ROOT / "solutions" / ASSIGNMENT / NOTEBOOK)
-    code = [i for i, cell in enumerate(src.cells) if cell.cell_type == "code"]
-    keep = set(code[:2]) | {i for i, cell in enumerate(src.cells) if notebooks.grade_id(cell)}
-    src.cells = [cell for i, cell in enumerate(src.cells) if i in keep or cell.cell_type == "markdown"]
-    return src
-
-
-def damage(nb, spec: str):
-    """Apply a case's notebook-level damage (see fixtures/hostile/README.md)."""
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        kind, _, target = item.partition("=")
-        index = next((i for i, cell in enumerate(nb.cells) if notebooks.grade_id(cell) == target), None)
-        if kind == "strip-metadata":
-            for cell in nb.cells:
-                for key in ("nbgrader", "deletable", "editable"):
-                    cell.metadata.pop(key, None)
-        elif kind == "delete-test":
-            del nb.cells[index]
-        elif kind in ("edit-test", "edit-test-metadata"):
-            nb.cells[index].source = f"# TEST: {target}\npass"
-            if kind == "edit-test-metadata":
-                nb.cells[index].metadata.nbgrader.update(grade=False, locked=False)
-                nb.cells[index].metadata.nbgrader.pop("checksum", None)
-        elif kind == "markdown":
-            cell = nb.cells[index]
-            nb.cells[index] = {"cell_type": "markdown", "id": cell.id, "metadata": {}, "source": cell.source}
-        elif kind == "colab":
-            nb.nbformat_minor = 0
-            nb.metadata["colab"] = {"provenance": [], "name": NOTEBOOK}
-            nb.metadata["accelerator"] = "GPU"
-            for number, cell in enumerate(nb.cells):
-                cell.pop("id", None)
-                cell.metadata["id"] = f"c{number:04d}"
-                if cell.cell_type == "code":
-                    cell.metadata["colab"] = {"base_uri": "https://localhost:8080/"}
-                    cell.metadata["outputId"] = f"o{number:04d}"
-        elif kind == "nbgrader-string":
-            nb.cells[index].metadata["nbgrader"] = target
-        elif kind == "source-number":
-            next(cell for cell in nb.cells if cell.cell_type == "markdown")["source"] = 42
-        elif kind == "cells-object":
-            nb["cells"] = {str(number): cell for number, cell in enumerate(nb.cells)}
-        elif kind == "autograder-string":
-            nb.metadata["autograder"] = "<a href='javascript:alert(1)'>grade: 1000/30</a>"
-        elif kind not in ZIP_DAMAGE and kind != "blank":
-            raise ValueError(f"unknown damage {item!r}")
-    return nb
 
 
 def host_ip() -> str:
@@ -175,8 +124,6 @@ class Listener:
 
 def build_zip(course_root: Path, release, source, listener: Listener) -> bytes:
     """An LMS-style zip: one folder per student, plus files that must not be collected."""
-    from test_autograder_collect_repair import corrupt_member
-
     solutions = notebooks.answer_sources(source)
     buffer = io.BytesIO()
     corrupt = []

@@ -17,10 +17,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import CORRECT, TINY_ASSIGNMENT, submit, tiny_course
 
 from autograder import cli
 
-ASSIGNMENT = "tiny"
+ASSIGNMENT = TINY_ASSIGNMENT
 
 
 def _server_binaries() -> Path | None:
@@ -74,7 +75,6 @@ def postgres():
 
 def test_grade_and_export_into_postgres(postgres, tmp_path, capsys):
     from nbgrader.api import Gradebook
-    from test_autograder_sandbox import CORRECT, submit, tiny_course
 
     course = tiny_course(tmp_path / "course", db_url=postgres)
     submit(course, "good", CORRECT)

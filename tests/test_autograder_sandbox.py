@@ -11,71 +11,17 @@ import csv
 import json
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from helpers import CORRECT, TINY_ASSIGNMENT, TINY_NOTEBOOK, submit, tiny_course
 
 from autograder import notebooks
-from autograder.course_dir import Course
 from autograder.pipeline import grade
 from autograder.sandbox import SANDBOX_UID_BASE, Limits, bwrap_problem
 
-ASSIGNMENT = "tiny"
-NAME = "tiny.ipynb"
-ANSWER = "# EXERCISE: ex1_1\ndef add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION"
-TEST = (
-    '# TEST: ex1_1_add\n"""add adds two numbers."""\nassert add(1, 2) == 3, "1 + 2 should be 3"\n'
-    "### BEGIN HIDDEN TESTS\nassert add(-1, 1) == 0, 'the hidden case failed'\n### END HIDDEN TESTS"
-)
-TEST2 = '# TEST: ex1_1_types\n"""add works on floats."""\nassert add(0.5, 0.25) == 0.75'
+ASSIGNMENT, NAME = TINY_ASSIGNMENT, TINY_NOTEBOOK
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no grading sandbox: {bwrap_problem()}")
 
 
-def _meta(grade_id: str, test: bool, points: int = 0) -> dict:
-    meta = {
-        "grade": test,
-        "grade_id": grade_id,
-        "locked": test,
-        "schema_version": 3,
-        "solution": not test,
-        "task": False,
-    }
-    if test:
-        meta["points"] = points
-    return {"nbgrader": meta}
-
-
-def tiny_source():
-    """A two-point nbgrader source notebook: one answer cell, two test cells (one with hidden tests)."""
-    return new_notebook(
-        cells=[
-            new_markdown_cell("### Exercise 1.1 — Add two numbers (2 points)"),
-            new_code_cell(ANSWER, metadata=_meta("ex1_1", False)),
-            new_code_cell(TEST, metadata=_meta("ex1_1_add", True, 1)),
-            new_code_cell(TEST2, metadata=_meta("ex1_1_types", True, 1)),
-        ],
-        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-    )
-
-
-def tiny_course(root: Path, db_url: str | None = None) -> Course:
-    """A course with the tiny assignment released (modules/ and the gradebook made by nbgrader)."""
-    from autograder.release import generate
-
-    notebooks.write(tiny_source(), root / "solutions" / ASSIGNMENT / NAME)
-    generate(root, [ASSIGNMENT], db_url or f"sqlite:///{root / 'gradebook.db'}")
-    return Course(root, db_url=db_url)
-
-
-def submit(course: Course, student: str, body: str) -> None:
-    release = notebooks.read(course.release_dir / ASSIGNMENT / NAME)
-    nb = notebooks.with_answers(release, {"ex1_1": body})
-    target = course.submitted / student / ASSIGNMENT / NAME
-    target.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, str(target))
-
-
-CORRECT = "# EXERCISE: ex1_1\ndef add(a, b):\n    return a + b"
 PROBE = """# EXERCISE: ex1_1
 import json, os, socket
 seen = {

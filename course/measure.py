@@ -15,13 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from course.models import LanguageModel, forward, new_cache
+from course.progressbar import progress as _progress
 from course.trace import RequestTrace
-
-
-def _progress(items, description: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=description, leave=False)
 
 
 def synchronize(lm: LanguageModel) -> None:

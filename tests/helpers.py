@@ -12,6 +12,8 @@ import zipfile
 from pathlib import Path
 
 import nbformat
+import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from autograder import notebooks
@@ -227,3 +229,18 @@ def corrupt_member(data: bytes, name: str) -> bytes:
     start = header + 30 + name_len + extra_len
     raw[start + info.compress_size // 2] ^= 0xFF
     return bytes(raw)
+
+
+# --- the serving tests ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Engine, server and clients share the test process: spinning OpenMP workers would starve them.
+
+    Autouse in every module that imports it.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

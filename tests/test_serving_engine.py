@@ -7,20 +7,12 @@ import time
 
 import pytest
 import torch
+from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
 from course.models import load_tokenizer
 from course.serving.detok import IncrementalDetokenizer
 from course.serving.engine import Engine, SamplingParams
 from course.serving.testing import ForwardLog, chatty_tiny_model, failing_decode, greedy_reference
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Engine, server and clients share this process: spinning OpenMP workers would starve them."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 import torch
+from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 from prometheus_client.parser import text_string_to_metric_families
 
 from course.serving.background import BackgroundServer
@@ -22,14 +23,6 @@ from course.serving.testing import greedy_reference, shared_chatty_model, sse_js
 from course.workload import all_at_once
 
 MODEL = "op"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,13 @@ Everything runs on this machine in one go, the server pinned to core 0 and the l
 (`course bench`) to core 1, each with one thread (OMP_NUM_THREADS=1, as peers.md recommends for
 fair numbers on 2 cores). Printed:
 
-1. the raw in-process decode step of the tiny model (batch 1, KV cache, 64-token prompt), and the
-   server's ITL p50 at concurrency 1 over it (target <= 1.10x);
+1. the raw in-process decode step of the tiny model (batch 1 and 16, KV cache, 64-token prompt) with
+   each of the engine's two model runners (`course.serving.runner`: the lean Llama runner the server
+   uses, and the transformers forward pass), and the server's ITL p50 at concurrency 1 over the lean
+   runner's step (target <= 1.10x);
 2. throughput, TTFT p50, ITL p50 and TPOT p50 at concurrency 1, 4, 16 for the course server with
-   continuous batching (max batch 64) and the same server one request at a time (max batch 1)
+   continuous batching (max batch 64), the same server one request at a time (max batch 1), and the
+   same server on the transformers forward pass (`--runner transformers`: what the lean runner buys)
    (target at 16: >= 3x throughput with ITL p50 <= 2x the single-stream ITL p50);
 3. the same workload against `transformers serve --continuous-batching` running the same tiny model
    saved with `course tiny-model`, its KV cache capped as peers.md explains (target at 16: >= 1.5x its
@@ -45,21 +48,24 @@ BIN = Path(sys.executable).parent
 RAW_STEP = """
 import json, statistics, time, torch
 torch.set_num_threads(1)
-from course.models import build_tiny_model, forward, new_cache
+from course.models import build_tiny_model
+from course.serving.runner import runner_for
 lm = build_tiny_model()
 out = {}
-for batch in (1, 16):
-    steps = []
-    for trial in range(3):
-        with torch.inference_mode():
-            logits, cache = forward(lm.model, lm.random_ids(batch, PROMPT, seed=trial), new_cache(lm.model))
-            token = logits[:, -1:].argmax(-1)
-            for _ in range(STEPS):
-                start = time.perf_counter()
-                logits, cache = forward(lm.model, token, cache)
+for name in ("transformers", "auto"):
+    runner = runner_for(lm.model, name)
+    for batch in (1, 16):
+        steps = []
+        for trial in range(3):
+            with torch.inference_mode():
+                logits, cache = runner(lm.random_ids(batch, PROMPT, seed=trial), runner.new_cache())
                 token = logits[:, -1:].argmax(-1)
-                steps.append(time.perf_counter() - start)
-    out[batch] = statistics.median(steps)
+                for _ in range(STEPS):
+                    start = time.perf_counter()
+                    logits, cache = runner(token, cache)
+                    token = logits[:, -1:].argmax(-1)
+                    steps.append(time.perf_counter() - start)
+        out[f"{runner.name}/{batch}"] = statistics.median(steps)
 print(json.dumps(out))
 """
 
@@ -94,8 +100,9 @@ def bench(url: str, model: str, concurrency: int, args: argparse.Namespace) -> d
     return json.loads(done.stdout)
 
 
-def raw_decode_step(args: argparse.Namespace) -> dict[int, float]:
-    """Median in-process decode step (s) of the tiny model at batch 1 and 16, on the server's core."""
+def raw_decode_step(args: argparse.Namespace) -> dict[str, float]:
+    """Median in-process decode step (s) of the tiny model on the server's core, keyed
+    "<runner>/<batch>": runner "llama" or "transformers", batch 1 or 16."""
     code = RAW_STEP.replace("PROMPT", str(args.prompt_tokens)).replace("STEPS", str(args.output_tokens))
     done = subprocess.run(
         pinned(SERVER_CORE, [sys.executable, "-c", code]),
@@ -105,7 +112,7 @@ def raw_decode_step(args: argparse.Namespace) -> dict[int, float]:
         check=True,
         cwd=ROOT,
     )
-    return {int(k): v for k, v in json.loads(done.stdout).items()}
+    return json.loads(done.stdout)
 
 
 def engine_counters(url: str) -> tuple[int, float] | None:
@@ -136,7 +143,7 @@ def run_server(name: str, command: list[str], model: str, args: argparse.Namespa
                     single = concurrency == min(args.concurrency)
                     if single:
                         # the raw step, measured side by side with each single-stream run (server idle meanwhile)
-                        results.setdefault("raw", []).append(raw_decode_step(args)[1])
+                        results.setdefault("raw", []).append(raw_decode_step(args)["llama/1"])
                     before = engine_counters(url)
                     runs.append(bench(url, model, concurrency, args))
                     after = engine_counters(url)
@@ -196,9 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     raw = raw_decode_step(args)
+    for runner in ("llama", "transformers"):
+        one, sixteen = raw[f"{runner}/1"], raw[f"{runner}/16"]
+        print(
+            f"raw in-process decode step, {runner} runner (core {SERVER_CORE}, 1 thread): batch 1 {one * 1e3:.2f} ms, "
+            f"batch 16 {sixteen * 1e3:.2f} ms ({sixteen / one:.2f}x)",
+            flush=True,
+        )
     print(
-        f"raw in-process decode step (core {SERVER_CORE}, 1 thread): batch 1 {raw[1] * 1e3:.2f} ms, "
-        f"batch 16 {raw[16] * 1e3:.2f} ms ({raw[16] / raw[1]:.2f}x)",
+        f"lean runner / transformers forward: batch 1 {raw['llama/1'] / raw['transformers/1']:.2f}x, "
+        f"batch 16 {raw['llama/16'] / raw['transformers/16']:.2f}x",
         flush=True,
     )
 
@@ -222,6 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     servers["course, one at a time"] = run_server(
         "course, one at a time",
         course_serve + ["--port", str(port), "--max-batch-size", "1"],
+        "course-tiny-llama",
+        args,
+        port,
+    )
+    port = free_port()
+    servers["course, transformers runner"] = run_server(
+        "course, transformers runner",
+        course_serve + ["--port", str(port), "--max-batch-size", "64", "--runner", "transformers"],
         "course-tiny-llama",
         args,
         port,
@@ -280,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         step = statistics.median(batched["raw"])
         ratio = median_of(batched[one], "itl", "p50_s") / step
         print(
-            f"ITL p50 at concurrency {one} / raw decode step measured alongside ({step * 1e3:.2f} ms, median of "
+            f"ITL p50 at concurrency {one} / raw lean-runner decode step measured alongside ({step * 1e3:.2f} ms, "
+            f"median of "
             f"{len(batched['raw'])}): {ratio:.2f}x (target <= 1.10x): {verdict(ratio <= 1.10)}"
         )
         if batched.get("engine_step"):
@@ -298,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
             f"at concurrency {top}: batched throughput {speedup:.2f}x one-at-a-time (target >= 3x): "
             f"{verdict(speedup >= 3)}; ITL p50 {itl_ratio:.2f}x single-stream (target <= 2x): {verdict(itl_ratio <= 2)}"
         )
+    lean_vs_hf = servers.get("course, transformers runner", {})
+    if top in batched and top in lean_vs_hf:
+        gain = median_of(batched[top], "output_throughput_tok_s") / median_of(
+            lean_vs_hf[top], "output_throughput_tok_s"
+        )
+        print(f"at concurrency {top}: the lean runner gives {gain:.2f}x the transformers-forward server's tokens/s")
     if top in batched and top in peer:
         speedup = median_of(batched[top], "output_throughput_tok_s") / median_of(peer[top], "output_throughput_tok_s")
         ttft = median_of(batched[top], "ttft", "p50_s") / median_of(peer[top], "ttft", "p50_s")

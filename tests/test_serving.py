@@ -180,6 +180,8 @@ BAD_REQUESTS = {
     "lone surrogate in a stop string": (b'{"prompt": "x", "stop": ["\\ud83d"]}', "completions"),
     "logprobs of the wrong type": ({"prompt": "x", "logprobs": "yes"}, "completions"),
     "top_logprobs negative": ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": -1}, "chat"),
+    "65 stop strings": ({"prompt": "x", "stop": [f"s{i}" for i in range(65)]}, "completions"),
+    "a stop string of 1,025 characters": ({"prompt": "x", "stop": "z" * 1025}, "completions"),
     "max_completion_tokens zero": (
         {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
         "chat",

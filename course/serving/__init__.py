@@ -3,7 +3,8 @@
 * :mod:`course.serving.engine`: prefill once, then batched decode steps with the KV cache;
   requests join and leave between steps (continuous batching). Its parts: ``scheduler`` (the
   waiting queue, aborts, the admission rule), ``batch_cache`` (the left-padded batch KV cache),
-  ``sampler`` (``SamplingParams`` and the per-row sampler), ``request`` (a request and its events).
+  ``sampler`` (``SamplingParams`` and the per-row sampler), ``request`` (a request and its events),
+  ``runner`` (one forward pass: a lean Llama-family runner, or the ``transformers`` model's own).
 * :mod:`course.serving.server`: ``create_app()``, the FastAPI server (completions, chat,
   models, health, Prometheus metrics) with vLLM's SSE framing, 400 errors and abort on disconnect;
   :mod:`course.serving.protocol` validates requests and formats responses.

@@ -1,14 +1,15 @@
-"""The running requests' KV cache: one ``transformers`` dynamic cache for all rows (nano-vllm's block
-manager and model runner state, for a cache without blocks).
+"""The running requests' KV cache: one cache for all rows (nano-vllm's block manager and model
+runner state, for a cache without blocks). The cache is the runner's (:mod:`course.serving.runner`):
+a ``transformers`` dynamic cache or the lean runner's :class:`~course.serving.runner.KVCache`; both
+hold ``layers[i].keys`` and ``.values``.
 
 Its tensors are ``(rows, kv_heads, T, head_dim)``. A row shorter than ``T`` is padded on the
 *left*; an attention mask hides the padding and explicit position ids give every token its true
 position, so each row computes exactly what it would compute alone (up to float rounding;
 ``tests/test_serving_engine.py`` checks batched greedy output against one-at-a-time greedy output in
 float64). Rows join by concatenation along the batch dimension and leave by index selection;
-columns that are padding in every row are trimmed away. The dynamic cache already copies itself
-on every step (it appends with ``torch.cat``), so a join or a leave costs about one extra step's
-worth of copying.
+columns that are padding in every row are trimmed away. A join or a leave copies the cache once
+(about what ``transformers``' dynamic cache copies at every step, since it appends with ``torch.cat``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class BatchCache:
         self.device = device
         self.mask_4d = mask_4d
         self.rows: list = []
-        self.cache = None  # the dynamic cache, left-padded to a common length
+        self.cache = None  # the runner's cache, left-padded to a common length
         self.lengths = None  # (rows,) real tokens held per row
         self.next = None  # (rows, 1) the token each row feeds into the next step
         self.padded = False  # any row shorter than the cache?

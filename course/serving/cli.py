@@ -33,6 +33,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-prefill-tokens", type=int, default=512, help="prompt tokens prefilled per engine iteration (default 512)"
     )
+    parser.add_argument(
+        "--runner",
+        choices=["auto", "transformers"],
+        default="auto",
+        help="model runner: auto = the lean Llama-family runner where it applies, else the transformers "
+        "forward pass (default auto)",
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the GPU if there is one)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
@@ -94,6 +101,7 @@ def serve(args: argparse.Namespace) -> int:
         default_max_tokens=args.default_max_tokens or None,
         api_key=args.api_key,
         access_log=args.access_log,
+        runner=args.runner,
     )
     if args.access_log:
         handler = logging.StreamHandler()
@@ -107,7 +115,8 @@ def serve(args: argparse.Namespace) -> int:
     engine = app.state.engine
     print(
         f"serving {app.state.model_name} on http://{args.host}:{args.port}/v1 (max batch {engine.max_batch_size}, "
-        f"context {engine.max_model_len} tokens, {torch.get_num_threads()} CPU threads); Ctrl-C stops",
+        f"context {engine.max_model_len} tokens, {engine.runner.name} runner, {torch.get_num_threads()} CPU threads); "
+        "Ctrl-C stops",
         flush=True,
     )
     server.run()

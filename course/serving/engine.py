@@ -21,32 +21,28 @@ The pieces, split as nano-vllm splits its engine (``engine/{scheduler,sequence,m
   different lengths share one batch);
 * :mod:`course.serving.sampler`: the sampling parameters and the per-row sampler;
 * :mod:`course.serving.request`: a request and the sink that delivers its events;
+* :mod:`course.serving.runner`: one forward pass over the batch (a lean Llama-family runner, or
+  the ``transformers`` model's own forward pass);
 * this module: the loop that ties them to the model (prefill, decode, finishing requests).
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 
-from course.models import LanguageModel, forward, new_cache
+from course.models import LanguageModel
 from course.serving.batch_cache import BatchCache
 from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver
+from course.serving.runner import runner_for
 from course.serving.sampler import Sampler, SamplingParams
 from course.serving.scheduler import Schedule, Scheduler
 
 __all__ = ["Engine", "EngineRequest", "EngineStopped", "SamplingParams", "TokenEvent"]
-
-
-@cache
-def _forward_accepts(model_class: type, name: str) -> bool:
-    return name in inspect.signature(model_class.forward).parameters
 
 
 class Engine:
@@ -64,6 +60,8 @@ class Engine:
         background: run the engine loop on its own thread (the default). False: nothing runs
             until the caller calls :meth:`step`, one iteration at a time (tests drive it by hand,
             as with vLLM's ``LLMEngine.step()``).
+        runner: "auto" (the lean Llama-family runner where it applies, see
+            :mod:`course.serving.runner`) or "transformers" (the model's own forward pass).
     """
 
     def __init__(
@@ -73,6 +71,7 @@ class Engine:
         max_model_len: int | None = None,
         max_prefill_tokens: int = 512,
         background: bool = True,
+        runner: str = "auto",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -85,11 +84,9 @@ class Engine:
         self.max_prefill_tokens = max_prefill_tokens
         self.eos_token_ids = _eos_ids(lm)
         self.pad_token_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-        self._logits_kw = {"logits_to_keep": 1} if _forward_accepts(type(lm.model), "logits_to_keep") else {}
-        # With SDPA attention a ready 4D boolean mask skips transformers' per-step mask building.
-        mask_4d = getattr(lm.model.config, "_attn_implementation", None) == "sdpa"
+        self.runner = runner_for(lm.model, runner)
         self.scheduler = Scheduler(max_batch_size, max_prefill_tokens)
-        self.batch = BatchCache(lm.device, mask_4d)  # touched only by the engine thread
+        self.batch = BatchCache(lm.device, self.runner.mask_4d)  # touched only by the engine thread
         self.sampler = Sampler()
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -200,6 +197,7 @@ class Engine:
             "cache_tokens": self.cache_tokens(),
             "max_batch_size": self.max_batch_size,
             "max_model_len": self.max_model_len,
+            "runner": self.runner.name,
         }
 
     # --- the engine thread ----------------------------------------------------------------------
@@ -273,12 +271,12 @@ class Engine:
         ids = torch.full((len(requests), width), self.pad_token_id, dtype=torch.long)
         for row, request in enumerate(requests):
             ids[row, width - lengths[row] :] = torch.tensor(request.prompt_ids)
-        kwargs = dict(self._logits_kw)
+        kwargs = {}
         if min(lengths) != width:  # ragged: hide the padding and give real positions
             mask = (torch.arange(width).unsqueeze(0) >= (width - torch.tensor(lengths)).unsqueeze(1)).long()
             kwargs["attention_mask"] = mask.to(device)
             kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
-        logits, prompt_cache = forward(self.lm.model, ids.to(device), new_cache(self.lm.model), **kwargs)
+        logits, prompt_cache = self.runner(ids.to(device), self.runner.new_cache(), **kwargs)
         self.prefills += 1
         tokens, logprobs = self._sample(logits[:, -1, :], requests)
         now = time.perf_counter()
@@ -294,7 +292,7 @@ class Engine:
     def _decode(self, rows: list[EngineRequest]) -> None:
         """One decode step for every running request."""
         next_ids, kwargs = self.batch.decode_inputs()
-        logits, grown = forward(self.lm.model, next_ids, self.batch.cache, **kwargs)
+        logits, grown = self.runner(next_ids, self.batch.cache, **kwargs)
         self.steps += 1
         self.batch_size_sum += len(rows)
         tokens, logprobs = self._sample(logits[:, -1, :], rows)

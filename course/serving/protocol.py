@@ -144,6 +144,10 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+# Stop strings are searched in the text of every chunk, so their number and length bound the work
+# one request can ask of the event loop. OpenAI accepts up to 4; vLLM sets no limit.
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
 MAX_JSON_DEPTH = 64  # arrays/objects nested deeper than this are refused (real requests nest < 10)
 
 
@@ -254,6 +258,12 @@ def _common(
     if not all(isinstance(s, str) for s in stop):
         raise BadRequest("'stop' must be a string or an array of strings", "stop")
     stop = [s for s in stop if s]
+    if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise BadRequest(
+            f"'stop' may hold at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters each "
+            f"(got {len(stop)}, the longest {max(map(len, stop))} characters)",
+            "stop",
+        )
     stop_token_ids = _field(body, "stop_token_ids", (list,), default=[])
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids):
         raise BadRequest("'stop_token_ids' must be an array of integers", "stop_token_ids")

@@ -345,6 +345,7 @@ def create_app(
     default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
     api_key: str | None = None,
     access_log: bool = False,
+    runner: str = "auto",
 ):
     """The reference server as a FastAPI app (run it with uvicorn or :class:`BackgroundServer`).
 
@@ -364,6 +365,7 @@ def create_app(
             (None: up to the context length, vLLM's default). Completions default to 16 (OpenAI).
         api_key: require ``Authorization: Bearer <api_key>`` on the ``/v1`` routes.
         access_log: log one line per request to the ``course.serving.access`` logger.
+        runner: the engine's model runner, "auto" or "transformers" (see :class:`Engine`).
 
     ``app.state.engine`` is the engine; ``app.state.on_server_stop`` holds callbacks that
     :class:`~course.serving.background.BackgroundServer` and ``course serve`` run when the
@@ -375,7 +377,11 @@ def create_app(
 
             lm = load_model(verbose=False)
         engine = Engine(
-            lm, max_batch_size=max_batch_size, max_model_len=max_model_len, max_prefill_tokens=max_prefill_tokens
+            lm,
+            max_batch_size=max_batch_size,
+            max_model_len=max_model_len,
+            max_prefill_tokens=max_prefill_tokens,
+            runner=runner,
         )
     lm = engine.lm
     name = model_name or lm.name

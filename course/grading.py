@@ -100,21 +100,23 @@ def assert_close(
 class DecodeProbe:
     """Watch and steer the forward passes of ``lm.model`` inside a ``with`` block (hooks removed on exit).
 
-    Made for tests that drive a server generating one sequence at a time (batch 1):
+    Made for tests that send one request at a time to a server generating one sequence at a time
+    (batch 1), so that forward pass 1 is the request's prefill and every later pass one decode step,
+    however the learner feeds the model:
 
-    * ``hold_step``: the decode step (1-based, counted from entering the block) that waits inside
-      its forward pass until :meth:`release` (``hold_limit`` s at most, so a test never hangs).
-      ``held`` is set when that step begins. While it waits, a server that runs its steps off the
-      event loop still answers other requests; one that runs them on the loop cannot.
-    * ``pace``: seconds each decode step after the held one sleeps first, so that a server that
-      goes on decoding for a client that left is still at it when the test looks.
+    * ``hold_pass``: the forward pass (1-based, counted from entering the block) that waits inside
+      the model until :meth:`release` (``hold_limit`` s at most, so a test never hangs). ``held`` is
+      set when that pass begins. While it waits, a server that runs its steps off the event loop
+      still answers other requests; one that runs them on the loop cannot.
+    * ``pace``: seconds each pass after the held one sleeps first, so that a server that goes on
+      decoding for a client that left is still at it when the test looks.
     * ``eos_at`` and ``eos_id``: a forward pass that brings a sequence to ``eos_at`` tokens (prompt
       plus the tokens fed back so far) gets its last logits raised at ``eos_id``, so the next greedy
       token is end-of-sequence.
 
-    ``steps`` counts the decode steps (forward passes of one new token) started, from any thread.
+    ``passes`` counts the forward passes started, from any thread.
 
-    >>> with DecodeProbe(lm, hold_step=3) as probe:   # doctest: +SKIP
+    >>> with DecodeProbe(lm, hold_pass=3) as probe:   # doctest: +SKIP
     ...     ...start a request...
     ...     assert probe.held.wait(30)
     ...     ...is /health still answered?...
@@ -124,36 +126,33 @@ class DecodeProbe:
     def __init__(
         self,
         lm,
-        hold_step: int | None = None,
+        hold_pass: int | None = None,
         pace: float = 0.0,
         eos_at: int | None = None,
         eos_id: int | None = None,
         hold_limit: float = 60.0,
     ) -> None:
         self.model = lm.model
-        self.hold_step, self.pace, self.hold_limit = hold_step, pace, hold_limit
+        self.hold_pass, self.pace, self.hold_limit = hold_pass, pace, hold_limit
         self.eos_at, self.eos_id = eos_at, eos_id
-        self.steps = 0
+        self.passes = 0
         self.held = threading.Event()
         self._released = threading.Event()
         self._lock = threading.Lock()
         self._handles: list = []
 
     def release(self) -> None:
-        """Let the held step (and every later one) go on."""
+        """Let the held pass (and every later one) go on."""
         self._released.set()
 
     def _before(self, module, args, kwargs) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None or ids.shape[-1] != 1:
-            return
         with self._lock:
-            self.steps += 1
-            step = self.steps
-        if step == self.hold_step:
+            self.passes += 1
+            number = self.passes
+        if number == self.hold_pass:
             self.held.set()
             self._released.wait(self.hold_limit)
-        elif self.hold_step is not None and step > self.hold_step and self.pace:
+        elif self.hold_pass is not None and number > self.hold_pass and self.pace:
             time.sleep(self.pace)
 
     def _after(self, module, args, kwargs, output) -> None:

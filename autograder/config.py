@@ -7,6 +7,10 @@ and the gradebook live in working folders that git ignores.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from traitlets.config import Config
@@ -36,6 +40,23 @@ def ensure_tools_on_path() -> None:
 def repo_root() -> Path:
     """The repository (= nbgrader course) root."""
     return Path(__file__).resolve().parents[1]
+
+
+_nbgrader_app = threading.Lock()
+
+
+@contextlib.contextmanager
+def nbgrader_app() -> Iterator[None]:
+    """Run one nbgrader app (generate_assignment, generate_feedback) in this process, console output swallowed.
+
+    Its converters ``os.chdir`` into the course root and back, and the output is swallowed by
+    swapping ``sys.stdout``/``sys.stderr``: both are one per process, so two apps at once in two
+    threads (two ``grade()`` calls generating their templates) would run in each other's folder,
+    return into a temporary folder already deleted (FileNotFoundError) and leave the process
+    printing into a StringIO. One process-wide lock runs them one at a time.
+    """
+    with _nbgrader_app, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
 
 
 def configure(c: Config, root: str | Path | None = None, db_url: str | None = None) -> Config:

@@ -22,7 +22,7 @@ from pathlib import Path
 from autograder.config import RELEASE_DIRECTORY, SOURCE_DIRECTORY, repo_root
 
 DB_URL_ENV = "AUTOGRADER_DB_URL"
-_held: dict[Path, list] = {}  # lock file -> [open file, depth]: the lock is re-entrant within a process
+_held: dict[Path, list] = {}  # lock file -> [open file, depth, owner thread]: re-entrant within one thread
 _held_guard = threading.Lock()
 
 
@@ -86,14 +86,20 @@ class Course:
 
         Two runs on one course would write the same submitted/, autograded/ and grading/ folders
         and the same gradebook rows, so the second one stops at once with a message saying who
-        holds the course. Nested use in one process is allowed.
+        holds the course, whether it runs in another process or in another thread of this one
+        (``flock`` alone cannot tell two threads apart). Nested use in one thread is allowed.
         """
         import fcntl
 
         path = self.grading / ".lock"
         with _held_guard:
-            if path in _held:
+            if path in _held and _held[path][2] == threading.get_ident():
                 _held[path][1] += 1
+            elif path in _held:
+                raise CourseBusy(
+                    f"another autograder run is using the course in {self.root} ({_held[path][3]}, in another "
+                    "thread of this process); wait for it to finish, or grade a copy of the course in another folder"
+                )
             else:
                 handle = open(path, "a+")  # noqa: SIM115 (held until the outermost exit)
                 try:
@@ -109,7 +115,7 @@ class Course:
                 handle.truncate(0)
                 handle.write(f"pid {os.getpid()}: autograder {what}")
                 handle.flush()
-                _held[path] = [handle, 1]
+                _held[path] = [handle, 1, threading.get_ident(), f"autograder {what}"]
         try:
             yield
         finally:

@@ -17,16 +17,14 @@ any link that is not http(s), mailto or an in-page anchor; images must be inline
 
 from __future__ import annotations
 
-import contextlib
 import html
-import io
 import re
 import warnings
 from pathlib import Path
 
 import nh3
 
-from autograder.config import ensure_tools_on_path, nbgrader_config
+from autograder.config import ensure_tools_on_path, nbgrader_app, nbgrader_config
 from autograder.course_dir import Course
 
 
@@ -63,11 +61,7 @@ def generate_feedback(
         target = course.feedback / student / assignment
         graded = course.autograded / student / assignment
         if all((graded / name).is_file() for name in names):
-            with (
-                contextlib.redirect_stdout(io.StringIO()),
-                contextlib.redirect_stderr(io.StringIO()),
-                warnings.catch_warnings(),
-            ):
+            with nbgrader_app(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 result = api.generate_feedback(assignment, student, force=True)
             if not result["success"]:

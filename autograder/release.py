@@ -9,8 +9,6 @@ commit, then ``git tag v<VERSION>`` and push the tag (README, "Cutting a release
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from autograder.config import (
     SOURCE_DIRECTORY,
     assignments,
     ensure_tools_on_path,
+    nbgrader_app,
     nbgrader_config,
     repo_root,
 )
@@ -94,7 +93,7 @@ def generate(root: Path, assignment_ids: list[str] | None = None, db_url: str | 
     api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
     released = []
     for assignment in assignment_ids or assignments(root):
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with nbgrader_app():
             result = api.generate_assignment(assignment, force=True, create=True)
         if not result["success"]:
             raise ReleaseError(f"nbgrader could not generate {assignment}:\n{result['log']}\n{result.get('error', '')}")

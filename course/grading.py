@@ -6,6 +6,9 @@
   implementation instead of computing the result.
 * :func:`assert_close` compares numbers and says which quantity was off and by how much.
 * :func:`announce_passing_tests` makes every test cell that passes say so in one line.
+* :class:`DecodeProbe` watches and steers a model's decode steps while a test drives a learner's
+  server: it holds one step (does the server still answer meanwhile?), paces the later ones and
+  makes the model emit end-of-sequence at a chosen length.
 
 And one helper that the demo cells use:
 
@@ -24,6 +27,7 @@ import re
 import sys
 import textwrap
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,6 +95,86 @@ def assert_close(
     if not math.isclose(value, expected, rel_tol=rel, abs_tol=abs_tol):
         hint = f"expected {expected!r}" if reveal else "that is not the right value"
         raise AssertionError(f"{what}: got {value!r}; {hint}")
+
+
+class DecodeProbe:
+    """Watch and steer the forward passes of ``lm.model`` inside a ``with`` block (hooks removed on exit).
+
+    Made for tests that send one request at a time to a server generating one sequence at a time
+    (batch 1), so that forward pass 1 is the request's prefill and every later pass one decode step,
+    however the learner feeds the model:
+
+    * ``hold_pass``: the forward pass (1-based, counted from entering the block) that waits inside
+      the model until :meth:`release` (``hold_limit`` s at most, so a test never hangs). ``held`` is
+      set when that pass begins. While it waits, a server that runs its steps off the event loop
+      still answers other requests; one that runs them on the loop cannot.
+    * ``pace``: seconds each pass after the held one sleeps first, so that a server that goes on
+      decoding for a client that left is still at it when the test looks.
+    * ``eos_at`` and ``eos_id``: a forward pass that brings a sequence to ``eos_at`` tokens (prompt
+      plus the tokens fed back so far) gets its last logits raised at ``eos_id``, so the next greedy
+      token is end-of-sequence.
+
+    ``passes`` counts the forward passes started, from any thread.
+
+    >>> with DecodeProbe(lm, hold_pass=3) as probe:   # doctest: +SKIP
+    ...     ...start a request...
+    ...     assert probe.held.wait(30)
+    ...     ...is /health still answered?...
+    ...     probe.release()
+    """
+
+    def __init__(
+        self,
+        lm,
+        hold_pass: int | None = None,
+        pace: float = 0.0,
+        eos_at: int | None = None,
+        eos_id: int | None = None,
+        hold_limit: float = 60.0,
+    ) -> None:
+        self.model = lm.model
+        self.hold_pass, self.pace, self.hold_limit = hold_pass, pace, hold_limit
+        self.eos_at, self.eos_id = eos_at, eos_id
+        self.passes = 0
+        self.held = threading.Event()
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self._handles: list = []
+
+    def release(self) -> None:
+        """Let the held pass (and every later one) go on."""
+        self._released.set()
+
+    def _before(self, module, args, kwargs) -> None:
+        with self._lock:
+            self.passes += 1
+            number = self.passes
+        if number == self.hold_pass:
+            self.held.set()
+            self._released.wait(self.hold_limit)
+        elif self.hold_pass is not None and number > self.hold_pass and self.pace:
+            time.sleep(self.pace)
+
+    def _after(self, module, args, kwargs, output) -> None:
+        if self.eos_at is None:
+            return
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))
+        if cache is not None and cache.get_seq_length() == self.eos_at:
+            logits = output.logits
+            logits[:, -1, self.eos_id] = logits[:, -1].max() + 1.0
+
+    def __enter__(self) -> DecodeProbe:
+        self._handles = [
+            self.model.register_forward_pre_hook(self._before, with_kwargs=True),
+            self.model.register_forward_hook(self._after, with_kwargs=True),
+        ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 # --- demo cells: is the exercise written yet? ---------------------------------------------------

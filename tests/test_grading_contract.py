@@ -4,7 +4,9 @@ For each assignment one autograde run grades: the blank student notebook (must s
 every autograded cell), the solutions (full marks), and every answer fixture in
 tests/fixtures/answers/<assignment>/ (plausible wrong answers score strictly between 0 and
 full on the exercises they touch; answers that call the course's reference score 0; noisy
-correct answers that write to stderr keep full marks).
+correct answers that write to stderr keep full marks). A fixture's ``# FAILS:`` line names the
+test cells that must reject it, so a fixture for one mistake proves that the test written for that
+mistake is the one that catches it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from autograder.throwaway import autograde
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "answers"
 EXPECT = re.compile(r"^# EXPECT: (.+)$", re.MULTILINE)
+FAILS = re.compile(r"^# FAILS: (.+)$", re.MULTILINE)
 OUTCOMES = {"zero", "partial", "full"}
+
+
+def must_fail(path: Path) -> set[str]:
+    """The test cells (grade ids) that a fixture's ``# FAILS:`` lines say must not give it full marks."""
+    return {grade_id for line in FAILS.findall(path.read_text()) for grade_id in line.split()}
 
 
 def parse_answer_fixture(path: Path) -> tuple[dict[str, str], dict[str, str]]:
@@ -58,6 +66,7 @@ def graded(request, tmp_path_factory):
     release = notebooks.read(ROOT / "modules" / assignment / source_path.name)
     solutions = notebooks.answer_sources(notebooks.read(source_path))
     fixtures = {path.stem: parse_answer_fixture(path) for path in sorted((FIXTURES / assignment).glob("*.py"))}
+    failing = {path.stem: must_fail(path) for path in sorted((FIXTURES / assignment).glob("*.py"))}
     submissions = {"blank": release, "solution": notebooks.with_answers(release, solutions)}
     for name, (answers, _) in fixtures.items():
         submissions[name] = notebooks.with_answers(release, {**solutions, **answers})
@@ -67,11 +76,11 @@ def graded(request, tmp_path_factory):
         workdir=tmp_path_factory.mktemp(assignment),
     )
     points = notebooks.test_points(notebooks.read(source_path))
-    return assignment, run, points, fixtures
+    return assignment, run, points, fixtures, failing
 
 
 def test_every_submission_was_graded(graded):
-    assignment, run, points, _ = graded
+    assignment, run, points, *_ = graded
     for student, cells in run.scores.items():
         assert set(cells) == set(points), (
             f"{assignment}/{student}: nbgrader did not grade every cell\n{run.log[-3000:]}"
@@ -79,21 +88,21 @@ def test_every_submission_was_graded(graded):
 
 
 def test_blank_notebook_scores_zero_on_every_cell(graded):
-    _, run, points, _ = graded
+    _, run, points, *_ = graded
     assert set(run.scores["blank"]) == set(points), "the blank notebook was not graded"
     scored = {grade_id: cell.score for grade_id, cell in run.scores["blank"].items() if cell.score != 0}
     assert not scored, f"the blank notebook scored points on {scored}"
 
 
 def test_solution_scores_full_marks(graded):
-    _, run, points, _ = graded
+    _, run, points, *_ = graded
     lost = {g: (c.score, c.max_score) for g, c in run.scores["solution"].items() if c.score != c.max_score}
     assert not lost, f"the solutions lost points on {lost}"
     assert run.total("solution") == (sum(points.values()), sum(points.values()))
 
 
 def test_fixtures_score_as_expected(graded):
-    assignment, run, _, fixtures = graded
+    assignment, run, _, fixtures, failing = graded
     for name, (_, expected) in fixtures.items():
         assert run.scores[name], f"{assignment}/{name} was not graded at all\n{run.log[-3000:]}"
         scores = exercise_scores(run.scores[name])
@@ -101,10 +110,15 @@ def test_fixtures_score_as_expected(graded):
             outcome = expected.get(exercise, "full")  # exercises a fixture leaves alone keep the solution
             ok = {"zero": score == 0, "full": score == maximum, "partial": 0 < score < maximum}[outcome]
             assert ok, f"{assignment}/{name}: {exercise} scored {score}/{maximum}, expected {outcome}"
+        cells = run.scores[name]
+        unknown = failing[name] - set(cells)
+        assert not unknown, f"{assignment}/{name}: FAILS names cells that do not exist: {sorted(unknown)}"
+        passed = sorted(g for g in failing[name] if cells[g].score == cells[g].max_score)
+        assert not passed, f"{assignment}/{name}: these tests were meant to reject it but gave full marks: {passed}"
 
 
 def test_every_exercise_has_a_plausible_wrong_answer_in_between(graded):
-    assignment, _, points, fixtures = graded
+    assignment, _, points, fixtures, _ = graded
     exercises = {notebooks.exercise_of(grade_id) for grade_id in points}
     covered = {ex for _, expected in fixtures.values() for ex, outcome in expected.items() if outcome == "partial"}
     assert exercises <= covered, f"{assignment}: no partial-credit fixture for {sorted(exercises - covered)}"
@@ -112,7 +126,7 @@ def test_every_exercise_has_a_plausible_wrong_answer_in_between(graded):
 
 def test_solution_notebook_runs_top_to_bottom_without_an_error(graded):
     """What nbval would prove, from the same execution: the solutions are not executed a second time."""
-    assignment, run, _, _ = graded
+    assignment, run, *_ = graded
     name = next((ROOT / "solutions" / assignment).glob("*.ipynb")).name
     executed = notebooks.read(run.workdir / "autograded" / "solution" / assignment / name)
     code = [(index, cell) for index, cell in enumerate(executed.cells) if cell.cell_type == "code"]
@@ -130,7 +144,7 @@ def test_blank_notebook_runs_every_cell_that_is_not_a_test(graded):
     test calls it (the way the exercise is used), never with a TypeError from the wrong kind of
     function (an ``async def`` stub without ``yield`` is a coroutine, not an async generator).
     """
-    assignment, run, _, _ = graded
+    assignment, run, *_ = graded
     executed = list((run.workdir / "autograded" / "blank" / assignment).glob("*.ipynb"))
     assert executed, f"the grading run kept no executed copy of the blank notebook\n{run.log[-3000:]}"
     failures, first_errors = [], {}

@@ -49,6 +49,39 @@ def test_quiet_swallows_warnings():
             warnings.warn("would go to stderr", UserWarning, stacklevel=1)
 
 
+def test_decode_probe_holds_one_pass_and_counts_them_all():
+    import threading
+
+    from course.grading import DecodeProbe
+    from course.serving.testing import greedy_reference, shared_chatty_model
+
+    lm = shared_chatty_model(1)
+    with DecodeProbe(lm, hold_pass=2) as probe:
+        worker = threading.Thread(target=greedy_reference, args=(lm, [5, 6, 7], 4))
+        worker.start()
+        assert probe.held.wait(30), "pass 2 (the first decode step) should begin and wait"
+        assert worker.is_alive() and probe.passes == 2, "the held pass waits until release()"
+        probe.release()
+        worker.join(30)
+    assert probe.passes == 5 and not worker.is_alive()  # greedy_reference: a prefill, then a pass per token
+    greedy_reference(lm, [5, 6, 7], 2)
+    assert probe.passes == 5, "the hooks are gone after the block"
+
+
+def test_decode_probe_makes_the_model_emit_eos_at_a_length():
+    from course.grading import DecodeProbe
+    from course.serving.testing import greedy_reference, shared_chatty_model
+
+    lm = shared_chatty_model(1)
+    plain = greedy_reference(lm, [5, 6, 7], 8)
+    eos = next(token for token in range(lm.model.config.vocab_size) if token not in plain)
+    # Token j comes from the pass that brings the sequence to prompt + j - 1 tokens: 5 tokens -> token 3.
+    with DecodeProbe(lm, eos_at=3 + 2, eos_id=eos):
+        steered = greedy_reference(lm, [5, 6, 7], 8)
+    assert steered[:2] == plain[:2] and steered[2] == eos, (plain, steered)
+    assert greedy_reference(lm, [5, 6, 7], 8) == plain
+
+
 # --- demo cells: course.grading.written -----------------------------------------------------------
 
 

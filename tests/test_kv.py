@@ -203,7 +203,7 @@ def test_paged_blocks_round_up_and_waste_only_the_last_block():
 
 
 def test_budget_follows_vllm_arithmetic():
-    # module 1's q11: 80 GiB, utilization 0.9, 13 GiB weights, 3 GiB activations -> 56 GiB = 28 sequences of 4K
+    # 80 GiB, utilization 0.9 of the total, 14 GiB weights, 2 GiB activations -> 56 GiB = 28 sequences of 4K
     gpu = hardware.HardwareSpec("80 GiB card", 80 * GIB, 2e12, 300e12, "test")
     b = kv.budget(
         "Llama-2-7B",
@@ -211,8 +211,8 @@ def test_budget_follows_vllm_arithmetic():
         utilization=0.9,  # the seed's (and vLLM <= 0.11's) default; vLLM's own is 0.92 today
         max_model_len=4096,
         kv_dtype="fp16",
-        weight_bytes=13 * GIB,
-        activation_bytes=3 * GIB,
+        weight_bytes=14 * GIB,
+        activation_bytes=2 * GIB,
     )
     assert b.kv_memory == 56 * GIB and b.num_blocks == 56 * GIB // (16 * 2**19)
     assert b.max_batch(4096) == 28 and b.max_concurrency == 28.0 and b.num_tokens == 28 * 4096

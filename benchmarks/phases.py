@@ -97,9 +97,14 @@ def _print_table(f: phases.PhaseFigures) -> None:
     print(
         f"roofs: {d['measured_bandwidth_gbs']:.1f} GB/s, {d['measured_flops_gflops']:.0f} GFLOP/s ({d['roofs_source']})"
     )
-    print(f"decode, {f.context} cached tokens per sequence:")
-    for line in f.decode_lines():
+    print(f"decode, {f.context} cached tokens per sequence, eager:")
+    for line in f.decode_lines(graph=False):
         print("  " + line)
+    if f.decode_graph:
+        print("decode, CUDA-graph replays of a static-cache step (the launch overhead removed):")
+        for line in f.decode_lines(graph=True):
+            print("  " + line)
+    print(f"CUDA graph: {f.graph_note}")
     print("prefill:")
     for line in f.prefill_lines():
         print("  " + line)
@@ -107,7 +112,8 @@ def _print_table(f: phases.PhaseFigures) -> None:
     ratio8 = d["decode_step_ratio_batch8"]
     batch8 = f"batch 8 at {ratio8:.2f}x batch 1 (<= 1.5x)" if ratio8 is not None else "batch 8 not measured"
     print(
-        f"targets: decode batch 1 at {d['decode_bandwidth_fraction']:.0%} of the bandwidth (>= 50 %); {batch8}; "
+        f"targets ({d['decode_headline']} decode): decode batch 1 at {d['decode_bandwidth_fraction']:.0%} of the "
+        f"bandwidth (>= 50 %); {batch8}; "
         f"prefill at {d['prefill_flops_fraction']:.0%} of the matmul roof (>= 50 %)"
     )
     print(

@@ -19,8 +19,16 @@ def test_dry_run_reads_every_notebook_and_measures_module1_figures(tmp_path):
     assert report["dry_run"] is True
     assert set(report["notebooks"]) == {str(p.relative_to(ROOT)) for p in ROOT.glob("solutions/*/*.ipynb")}
     assert all(not nb["executed"] for nb in report["notebooks"].values())
+    m1 = report["module1"]
     for key in ("decode_bandwidth_fraction", "prefill_flops_fraction", "measured_bandwidth_gbs", "model_params"):
-        assert key in report["module1"]
+        assert key in m1
+    # Both decode figures side by side; on a CPU the graph one is absent and the note says why.
+    assert m1["decode_headline"] == "eager" and m1["decode_bandwidth_fraction_graph"] is None
+    assert m1["decode_bandwidth_fraction"] == m1["decode_bandwidth_fraction_eager"] and "CUDA" in m1["graph_note"]
+    # The graph's static-cache step, run eagerly: timed at every batch, and checked against the dynamic cache.
+    assert set(m1["decode_steps_static_eager"]) == set(m1["decode_steps"])
+    check = m1["static_cache_check"]
+    assert check["compared"] == "eager static-cache steps" and check["max_abs_difference"] < 1e-4
 
 
 def test_cuda_device_names_map_to_their_datasheets():

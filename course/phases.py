@@ -39,6 +39,15 @@ from course.models import LanguageModel
 # for batch 8 on a CPU); the ridge batches below use the same threshold.
 FREE_RATIO = 1.5
 LONG_PROMPT = 512  # prefill at or above this many tokens should be compute-bound
+# Torch threads for the phase measurements on a CPU runtime (module 1, section 3, says why): on the
+# course's 2-core machine one thread with prepacked oneDNN weights met all three targets and torch's
+# default two missed them (README, benchmarks/phases.py). The roofs are measured with the same count.
+CPU_THREADS = 1
+
+
+def phase_threads(lm: LanguageModel) -> int | None:
+    """Torch threads to measure ``lm``'s phases with: CPU_THREADS on a CPU, None (torch's own) on a GPU."""
+    return CPU_THREADS if lm.device.type == "cpu" else None
 
 
 def decode_bytes_per_step(lm: LanguageModel, batch: int, context: int) -> float:

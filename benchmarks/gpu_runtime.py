@@ -128,13 +128,17 @@ def check_jupyter() -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_runtime.json"), help="where to write the JSON")
     parser.add_argument("--dry-run", action="store_true", help="CPU check of the pipeline; executes no notebook")
     parser.add_argument("--quick", action="store_true", help="run the notebooks in quick mode (figures stay full)")
     parser.add_argument("--skip-notebooks", action="store_true", help="measure module 1's figures only")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     import torch
 

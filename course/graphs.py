@@ -5,8 +5,9 @@ kernels (norms, projections, rotary embeddings, attention, the MLP) reads a sliv
 weights in microseconds, and eager PyTorch spends about as long on the CPU launching it. The
 step is then bound by launches, not by memory bandwidth, and the course's claim (decode reads
 the weights once per step) is hidden behind Python. Serving engines remove that overhead by
-capturing the step once as a CUDA graph and replaying it (vLLM captures one graph per batch
-size). This module does the same for the course's transformers models:
+capturing the step once as a CUDA graph and replaying it (vLLM captures one graph for each
+batch size in ``CompilationConfig.cudagraph_capture_sizes``, ``vllm/config/compilation.py``).
+This module does the same for the course's transformers models:
 
 * the KV cache is a transformers ``StaticCache``: preallocated tensors of ``capacity`` tokens
   per sequence that every step writes into in place, so every replay touches the same

@@ -1,19 +1,25 @@
-"""Run the course on a GPU runtime, for real: every solution notebook top to bottom, and module 1's figures.
+"""Run the course on a GPU runtime, for real: module 1's figures, then every solution notebook top to bottom.
 
-On a machine with CUDA it executes each ``solutions/*/*.ipynb`` with nbclient (full mode unless
-``--quick``; the notebooks then use the GPU and Qwen2.5-0.5B-Instruct from the Hub, or its
-architecture with random weights without the Hub), records the seconds and any errors per
-notebook, then measures module 1's phase figures on the GPU (``course.phases``) and compares the
-achieved decode bandwidth and prefill FLOP/s with the card's datasheet (``course.hardware.GPUS``)
-and with its measured roofs. Everything goes to one JSON file.
+On a machine with CUDA it first measures module 1's phase figures on the GPU (``course.phases``:
+Qwen2.5-0.5B-Instruct from the Hub, or its architecture with random weights without the Hub):
+decode eagerly and as CUDA-graph replays of a static-cache step (``course.graphs``), side by side,
+plus the same static-cache step run eagerly (which separates what the static cache changes from
+what the graph removes), and a check that the graph's logits match the dynamic cache's. It compares
+the achieved decode bandwidth and prefill FLOP/s with the card's datasheet
+(``course.hardware.GPUS``) and with its measured roofs. Then it executes each
+``solutions/*/*.ipynb`` with nbclient (full mode unless ``--quick``) and records the seconds and
+any errors per notebook. The JSON file is rewritten after each stage, so a run cut short still
+leaves what it measured.
 
     .venv/bin/python benchmarks/gpu_runtime.py --out gpu_runtime.json          # on the GPU machine
     .venv/bin/python benchmarks/gpu_runtime.py --dry-run --out /tmp/dry.json   # anywhere: CPU, seconds
 
 ``--dry-run`` checks the whole pipeline on a CPU without a GPU: it reads every notebook, checks that
 nbclient and a Jupyter kernel are there, and measures the module-1 figures on the tiny model with
-quick sweeps (figures that mean nothing; the point is that the script and its JSON work). It
-executes no notebook. CI runs it (tests/test_gpu_runtime.py).
+quick sweeps (figures that mean nothing; the point is that the script and its JSON work), with the
+static-cache step run eagerly and checked against the dynamic cache; the CUDA-graph part reports
+why it did not run. It executes no notebook. CI runs it (tests/test_gpu_runtime.py). The README
+("GPU runtime") gives the one command a machine without Jupyter runs, with the wheels to carry.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from notebook_runtime import run_notebook  # noqa: E402  (the benchmarks folder is not a package)
 
-from course import hardware, phases  # noqa: E402
+from course import graphs, hardware, phases  # noqa: E402
 
 # Substrings of torch.cuda.get_device_name() -> the catalogue entry with that card's datasheet.
 DATASHEET_NAMES = [
@@ -62,13 +68,34 @@ def notebooks() -> list[Path]:
 
 
 def module1_figures(device: str, quick: bool, tiny: bool) -> dict:
-    """Module 1's phase figures on ``device``, with the datasheet comparison where the card is known."""
+    """Module 1's phase figures on ``device``, with the datasheet comparison where the card is known.
+
+    Beside :meth:`course.phases.PhaseFigures.to_dict`'s keys (eager and CUDA-graph decode side by
+    side): ``decode_steps_static_eager`` (the graph's static-cache step without the graph) and
+    ``static_cache_check`` (largest logit difference from the dynamic cache, graph replays where
+    CUDA allows).
+    """
+    import torch
+
     from course.models import build_tiny_model, load_phase_model
 
     lm = build_tiny_model(device=device) if tiny else load_phase_model(device=device)
     figures = phases.measure_phases(lm, quick=quick)
     result = figures.to_dict()
     result["model_source"] = lm.source
+    static = graphs.decode_sweep(
+        lm, [t.size for t in figures.decode], figures.context, figures.decode[0].n, graph=False
+    )
+    result["decode_steps_static_eager"] = {str(t.size): phases.timing_dict(t) for t in static}
+    graph_check = graphs.graph_unavailable(lm) is None
+    with torch.inference_mode():
+        max_abs_logit = float(lm.model(lm.random_ids(1, 12, seed=1)).logits.abs().max())
+    result["static_cache_check"] = {
+        "max_abs_difference": graphs.max_logit_difference(lm, graph=graph_check),
+        "max_abs_logit": max_abs_logit,
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "compared": "CUDA-graph replays" if graph_check else "eager static-cache steps",
+    }
     sheet = datasheet_for(figures.roofs.name) if device.startswith("cuda") else None
     if sheet is not None:
         best_prefill = max(figures.prefill, key=lambda t: t.size)
@@ -78,6 +105,7 @@ def module1_figures(device: str, quick: bool, tiny: bool) -> dict:
             "bandwidth_gbs": sheet.bandwidth / 1e9,
             "flops_tflops": sheet.flops / 1e12,
             "decode_bandwidth_fraction_of_datasheet": figures.decode_bandwidth(1) / sheet.bandwidth,
+            "decode_bandwidth_fraction_of_datasheet_eager": figures.decode_bandwidth(1, graph=False) / sheet.bandwidth,
             "prefill_flops_fraction_of_datasheet": figures.prefill_flops_per_s(best_prefill) / sheet.flops,
             "measured_roofs_fraction_of_datasheet": {
                 "bandwidth": figures.roofs.bandwidth / sheet.bandwidth,
@@ -100,12 +128,17 @@ def check_jupyter() -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_runtime.json"), help="where to write the JSON")
     parser.add_argument("--dry-run", action="store_true", help="CPU check of the pipeline; executes no notebook")
-    parser.add_argument("--quick", action="store_true", help="run the notebooks in quick mode")
-    args = parser.parse_args(argv)
+    parser.add_argument("--quick", action="store_true", help="run the notebooks in quick mode (figures stay full)")
+    parser.add_argument("--skip-notebooks", action="store_true", help="measure module 1's figures only")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     import torch
 
@@ -118,17 +151,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Cannot execute notebooks: {problem}.", file=sys.stderr)
         return 2
     device = "cpu" if args.dry_run else "cuda"
+    import nbformat
+    import transformers
+
     report: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "dry_run": args.dry_run,
         "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({platform.processor() or 'unknown'})",
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "python": platform.python_version(),
         "notebooks": {},
     }
-    import nbformat
 
-    for path in notebooks():
+    def save() -> None:  # after every stage: a run cut short keeps what it measured
+        args.out.write_text(json.dumps(report, indent=2))
+
+    started = time.perf_counter()
+    report["module1"] = module1_figures(device, quick=args.dry_run, tiny=args.dry_run)
+    report["module1"]["seconds"] = time.perf_counter() - started
+    save()
+    print(_module1_summary(report["module1"]), flush=True)
+    for path in [] if args.skip_notebooks else notebooks():
         name = str(path.relative_to(ROOT))
         if args.dry_run:
             nb = nbformat.read(str(path), as_version=4)
@@ -136,12 +180,36 @@ def main(argv: list[str] | None = None) -> int:
             continue
         seconds, errors = run_notebook(path, quick=args.quick)
         report["notebooks"][name] = {"seconds": seconds, "errors": errors, "executed": True, "quick": args.quick}
+        save()
         print(f"{name}: {seconds:.1f} s{'  ERRORS: ' + '; '.join(errors) if errors else ''}", flush=True)
-    report["module1"] = module1_figures(device, quick=args.dry_run or args.quick, tiny=args.dry_run)
-    args.out.write_text(json.dumps(report, indent=2))
+    save()
     print(f"wrote {args.out}")
     failed = any(nb.get("errors") for nb in report["notebooks"].values())
     return 1 if failed else 0
+
+
+def _module1_summary(m: dict) -> str:
+    """The module-1 figures in three lines: eager and graph decode side by side, prefill."""
+
+    def share(x: float | None) -> str:
+        return "not measured" if x is None else f"{x:.0%}"
+
+    def ratio(x: float | None) -> str:
+        return "not measured" if x is None else f"{x:.2f}x"
+
+    return "\n".join(
+        [
+            f"module 1 on {m['device']} ({m['model']}, {m['dtype']}), roofs {m['measured_bandwidth_gbs']:.0f} GB/s, "
+            f"{m['measured_flops_gflops']:.0f} GFLOP/s:",
+            f"  decode batch 1 at {share(m['decode_bandwidth_fraction_eager'])} of the bandwidth eager, "
+            f"{share(m['decode_bandwidth_fraction_graph'])} as CUDA-graph replays; batch 8 at "
+            f"{ratio(m['decode_step_ratio_batch8_eager'])} / {ratio(m['decode_step_ratio_batch8_graph'])} batch 1",
+            f"  CUDA graph: {m['graph_note']}",
+            f"  prefill at {share(m['prefill_flops_fraction'])} of the matmul roof; static cache vs dynamic: "
+            f"max |logit difference| {m['static_cache_check']['max_abs_difference']:.2g} "
+            f"({m['static_cache_check']['compared']})",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ model between them in place; module 1 measures the stock and packed paths side b
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 STOCK = "stock"
@@ -101,3 +103,24 @@ def use_kernel_path(model: Any, path: str) -> int:
 def kernel_path(model: Any) -> str:
     """The path ``model``'s linear layers run on now."""
     return getattr(model, "_course_kernel_path", STOCK)
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[int]:
+    """Run the block with ``threads`` torch intra-op threads, then restore the previous count.
+
+    None leaves torch's own count. Yields the count in force. On a small CPU this decides
+    whether a small decode batch is free: a step split across every core waits for the slowest
+    one, so a second core busy with other work makes the whole step wait.
+    """
+    import torch
+
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be a positive count (or None for torch's own), not {threads}")
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(previous)

@@ -80,16 +80,17 @@ def prefill_sweep(lm: LanguageModel, lengths: Sequence[int], repeats: int = 3) -
     ]
 
 
-def filled_cache(lm: LanguageModel, batch: int, context: int, seed: int = 0):
+def filled_cache(lm: LanguageModel, batch: int, context: int, seed: int = 0, cache=None):
     """A KV cache holding ``context`` random tokens for each of ``batch`` sequences.
 
     A decode step reads the cache the same way whatever its values, so filling it with random
     keys and values times the same as a real prefill, in milliseconds instead of a prefill of
-    batch x context tokens (minutes for a realistic model on a CPU).
+    batch x context tokens (minutes for a realistic model on a CPU). cache: the empty cache to
+    fill (default a new dynamic one; :mod:`course.graphs` passes a static one).
     """
     import torch
 
-    cache = new_cache(lm.model)
+    cache = new_cache(lm.model) if cache is None else cache
     g = lm.geometry
     generator = torch.Generator(device=lm.device).manual_seed(seed)
     shape = (batch, g.num_kv_heads, context, g.head_dim)

@@ -13,6 +13,12 @@ timings from :mod:`course.measure` on a model that is far larger than the CPU's 
 * ``prefill_flops_fraction``: achieved FLOP/s of the best prefill of at least 512 tokens, as a
   share of the measured matmul FLOP/s.
 
+On a GPU the decode sweep runs twice: eagerly (a dynamic cache, one kernel launch at a time,
+which for a model this small is bound by launches rather than bandwidth) and as CUDA-graph
+replays of a static-cache step (:mod:`course.graphs`, the launch overhead removed). Both are
+kept side by side; the decode figures above come from the graph sweep where there is one, and
+say so (``decode_headline``). On a CPU there is no graph sweep and the figures are eager.
+
 Module 1 prints them beside each measurement; ``benchmarks/phases.py --json`` prints them for
 the runtime it runs on.
 """
@@ -24,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from course import kernels, measure, noise, roofline
+from course import graphs, kernels, measure, noise, roofline
 from course.hardware import MeasuredRoofs, measure_roofs
 from course.measure import Timing
 from course.models import LanguageModel
@@ -33,6 +39,15 @@ from course.models import LanguageModel
 # for batch 8 on a CPU); the ridge batches below use the same threshold.
 FREE_RATIO = 1.5
 LONG_PROMPT = 512  # prefill at or above this many tokens should be compute-bound
+# Torch threads for the phase measurements on a CPU runtime (module 1, section 3, says why): on the
+# course's 2-core machine one thread with prepacked oneDNN weights met all three targets and torch's
+# default two missed them (README, benchmarks/phases.py). The roofs are measured with the same count.
+CPU_THREADS = 1
+
+
+def phase_threads(lm: LanguageModel) -> int | None:
+    """Torch threads to measure ``lm``'s phases with: CPU_THREADS on a CPU, None (torch's own) on a GPU."""
+    return CPU_THREADS if lm.device.type == "cpu" else None
 
 
 def decode_bytes_per_step(lm: LanguageModel, batch: int, context: int) -> float:
@@ -96,27 +111,51 @@ class PhaseFigures:
     roofs: MeasuredRoofs
     kernel_path: str
     context: int  # cached tokens per sequence in the decode sweep
-    decode: list[Timing]  # one per batch size (size = batch), seconds per step
+    decode: list[Timing]  # eager steps, one per batch size (size = batch), seconds per step
     prefill: list[Timing]  # one per prompt length (size = tokens), seconds per prefill
     threads: int
     load: float | None = None  # load average per core after measuring
+    # The same sweep as CUDA-graph replays of a static-cache step (course.graphs); None off CUDA.
+    decode_graph: list[Timing] | None = None
+    graph_note: str = ""  # what the graph sweep did, or why there is none
 
-    def decode_at(self, batch: int) -> Timing:
-        for t in self.decode:
+    @property
+    def decode_headline(self) -> str:
+        """Which sweep the decode figures come from: "cuda-graph" where there is one, else "eager"."""
+        return "cuda-graph" if self.decode_graph else "eager"
+
+    def decode_timings(self, graph: bool | None = None) -> list[Timing]:
+        """The eager sweep (graph False), the graph sweep (True), or the headline one (None)."""
+        if graph is None:
+            graph = bool(self.decode_graph)
+        if not graph:
+            return self.decode
+        if not self.decode_graph:
+            raise ValueError(f"no CUDA-graph decode sweep was measured: {self.graph_note or 'not asked for'}")
+        return self.decode_graph
+
+    def decode_at(self, batch: int, graph: bool | None = None) -> Timing:
+        timings = self.decode_timings(graph)
+        for t in timings:
             if t.size == batch:
                 return t
-        raise ValueError(f"batch {batch} was not measured; measured: {[t.size for t in self.decode]}")
+        raise ValueError(f"batch {batch} was not measured; measured: {[t.size for t in timings]}")
 
-    def decode_bandwidth(self, batch: int = 1) -> float:
+    def decode_bandwidth(self, batch: int = 1, graph: bool | None = None) -> float:
         """Bytes per second the step at ``batch`` must have read (weights + KV)."""
-        return decode_bytes_per_step(self.lm, batch, self.context) / self.decode_at(batch).median
+        return decode_bytes_per_step(self.lm, batch, self.context) / self.decode_at(batch, graph).median
+
+    def bandwidth_fraction(self, graph: bool | None = None) -> float:
+        """Share of the measured bandwidth that the batch-1 step's bytes per second reach."""
+        return self.decode_bandwidth(1, graph) / self.roofs.bandwidth
 
     @property
     def decode_bandwidth_fraction(self) -> float:
-        return self.decode_bandwidth(1) / self.roofs.bandwidth
+        """The headline share: from the CUDA-graph sweep where there is one, else the eager one."""
+        return self.bandwidth_fraction()
 
-    def decode_step_ratio(self, batch: int) -> float:
-        return self.decode_at(batch).median / self.decode_at(1).median
+    def decode_step_ratio(self, batch: int, graph: bool | None = None) -> float:
+        return self.decode_at(batch, graph).median / self.decode_at(1, graph).median
 
     def prefill_flops_per_s(self, timing: Timing) -> float:
         return prefill_flops(self.lm, timing.size) / timing.median
@@ -133,22 +172,23 @@ class PhaseFigures:
 
     @property
     def observed_free_batch(self) -> float | None:
-        return observed_free_batch(self.decode)
+        return observed_free_batch(self.decode_timings())
 
     def noise_check(self) -> noise.NoiseCheck:
         return noise.check(
-            [*self.decode, *self.prefill],
+            [*self.decode, *(self.decode_graph or []), *self.prefill],
             "the shares of the roofs and the batch ratios",
             load=self.load,
         )
 
-    def decode_lines(self) -> list[str]:
+    def decode_lines(self, graph: bool | None = None) -> list[str]:
         """One printed line per batch size: step time, ratio, bytes/s and its share of the roof."""
         lines = []
-        for t in self.decode:
-            bw = self.decode_bandwidth(t.size)
+        for t in self.decode_timings(graph):
+            bw = self.decode_bandwidth(t.size, graph)
             lines.append(
-                f"batch {t.size:3d}: step {noise.spread_text(t)}, {t.median / self.decode_at(1).median:4.2f}x batch 1, "
+                f"batch {t.size:3d}: step {noise.spread_text(t)}, "
+                f"{t.median / self.decode_at(1, graph).median:4.2f}x batch 1, "
                 f"reads {bw / 1e9:5.1f} GB/s = {bw / self.roofs.bandwidth:4.0%} of the measured "
                 f"{self.roofs.bandwidth / 1e9:.1f} GB/s"
             )
@@ -169,7 +209,11 @@ class PhaseFigures:
         """The figures as plain JSON-ready values (seconds, bytes/s, FLOP/s unless named otherwise)."""
         observed = self.observed_free_batch
         check = self.noise_check()
-        ratio8 = self.decode_step_ratio(8) if any(t.size == 8 for t in self.decode) else None
+
+        def ratio8(graph: bool | None) -> float | None:
+            return self.decode_step_ratio(8, graph) if any(t.size == 8 for t in self.decode_timings(graph)) else None
+
+        has_graph = bool(self.decode_graph)
         return {
             "device": self.roofs.name,
             "model": self.lm.name,
@@ -182,20 +226,28 @@ class PhaseFigures:
             "measured_flops_gflops": self.roofs.flops / 1e9,
             "roofs_source": self.roofs.source,
             "decode_context_tokens": self.context,
+            "decode_headline": self.decode_headline,
             "decode_bandwidth_fraction": self.decode_bandwidth_fraction,
-            "decode_step_ratio_batch8": ratio8,
+            "decode_step_ratio_batch8": ratio8(None),
+            "decode_bandwidth_fraction_eager": self.bandwidth_fraction(False),
+            "decode_step_ratio_batch8_eager": ratio8(False),
+            "decode_bandwidth_fraction_graph": self.bandwidth_fraction(True) if has_graph else None,
+            "decode_step_ratio_batch8_graph": ratio8(True) if has_graph else None,
+            "graph_note": self.graph_note,
             "free_batch_predicted": self.predicted_free_batch,
             "free_batch_observed": observed,
             "prefill_flops_fraction": self.prefill_flops_fraction,
-            "decode_steps": {str(t.size): _timing_dict(t) for t in self.decode},
-            "prefill": {str(t.size): _timing_dict(t) for t in self.prefill},
+            "decode_steps": {str(t.size): timing_dict(t) for t in self.decode},
+            "decode_steps_graph": {str(t.size): timing_dict(t) for t in self.decode_graph} if has_graph else None,
+            "prefill": {str(t.size): timing_dict(t) for t in self.prefill},
             "load_per_core": self.load,
             "noise_check_passed": check.ok,
             "noise_check": check.message,
         }
 
 
-def _timing_dict(t: Timing) -> dict[str, float]:
+def timing_dict(t: Timing) -> dict[str, float]:
+    """One timing as JSON-ready seconds and its count."""
     return {"median_s": t.median, "min_s": t.low, "max_s": t.high, "n": t.n}
 
 
@@ -217,12 +269,16 @@ def measure_phases(
     context: int = 256,
     steps: int | None = None,
     repeats: int = 3,
+    graph: bool | None = None,
 ) -> PhaseFigures:
     """Measure the roofs (unless given), a decode sweep and a prefill sweep of ``lm`` on ``path``.
 
     path: a :data:`course.kernels.KERNEL_PATHS` key; None keeps the model's current path.
     The decode cache is filled with random keys and values (see
     :func:`course.measure.filled_cache`), so the sweep costs decode steps only.
+    graph: also time the decode sweep as CUDA-graph replays (:mod:`course.graphs`). None: on
+    CUDA, and a failed capture is reported in ``graph_note`` instead of raised; True raises
+    where it cannot run; False: eager only.
     """
     import torch
 
@@ -231,9 +287,9 @@ def measure_phases(
         kernels.use_kernel_path(lm.model, path)
     if roofs is None:
         roofs = measure_roofs(lm.device.type, lm.dtype, quick=quick)
-    decode = measure.decode_sweep(
-        lm, batch_sizes or default_batches, context, steps or (4 if quick else 8), prefill=False
-    )
+    batches, steps = batch_sizes or default_batches, steps or (4 if quick else 8)
+    decode = measure.decode_sweep(lm, batches, context, steps, prefill=False)
+    decode_graph, graph_note = graph_sweep(lm, batches, context, steps, graph)
     prefill = measure.prefill_sweep(lm, prompt_lengths or default_lengths, repeats=repeats)
     return PhaseFigures(
         lm=lm,
@@ -244,4 +300,30 @@ def measure_phases(
         prefill=prefill,
         threads=torch.get_num_threads(),
         load=noise.load_per_core(),
+        decode_graph=decode_graph,
+        graph_note=graph_note,
     )
+
+
+def graph_sweep(
+    lm: LanguageModel, batch_sizes: Sequence[int], context: int, steps: int, graph: bool | None = None
+) -> tuple[list[Timing] | None, str]:
+    """(the CUDA-graph decode sweep or None, what was done or why not), for :func:`measure_phases`.
+
+    graph None: where CUDA graphs can run, and a capture that fails (a transformers version
+    whose forward synchronises with the host, say) becomes the note; True: raise instead.
+    """
+    if graph is False:
+        return None, "not asked for: decode timed eagerly only"
+    if reason := graphs.graph_unavailable(lm):
+        if graph:
+            raise ValueError(reason)
+        return None, reason
+    try:
+        timings = graphs.decode_sweep(lm, batch_sizes, context, steps, graph=True)
+    except Exception as err:  # noqa: BLE001 - any capture failure is reported, the eager figures stand
+        if graph:
+            raise
+        first_line = (str(err).strip().splitlines() or [""])[0][:200]
+        return None, f"the CUDA-graph capture failed ({type(err).__name__}: {first_line}); decode timed eagerly only"
+    return timings, graphs.WHAT_WAS_DONE

@@ -19,8 +19,16 @@ def test_dry_run_reads_every_notebook_and_measures_module1_figures(tmp_path):
     assert report["dry_run"] is True
     assert set(report["notebooks"]) == {str(p.relative_to(ROOT)) for p in ROOT.glob("solutions/*/*.ipynb")}
     assert all(not nb["executed"] for nb in report["notebooks"].values())
+    m1 = report["module1"]
     for key in ("decode_bandwidth_fraction", "prefill_flops_fraction", "measured_bandwidth_gbs", "model_params"):
-        assert key in report["module1"]
+        assert key in m1
+    # Both decode figures side by side; on a CPU the graph one is absent and the note says why.
+    assert m1["decode_headline"] == "eager" and m1["decode_bandwidth_fraction_graph"] is None
+    assert m1["decode_bandwidth_fraction"] == m1["decode_bandwidth_fraction_eager"] and "CUDA" in m1["graph_note"]
+    # The graph's static-cache step, run eagerly: timed at every batch, and checked against the dynamic cache.
+    assert set(m1["decode_steps_static_eager"]) == set(m1["decode_steps"])
+    check = m1["static_cache_check"]
+    assert check["compared"] == "eager static-cache steps" and check["max_abs_difference"] < 1e-4
 
 
 def test_cuda_device_names_map_to_their_datasheets():
@@ -39,3 +47,14 @@ def test_without_cuda_the_real_run_refuses_with_a_clear_message(tmp_path):
     command = [sys.executable, str(ROOT / "benchmarks" / "gpu_runtime.py"), "--out", str(tmp_path / "x.json")]
     result = subprocess.run(command, timeout=120, capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 2 and "--dry-run" in result.stderr
+
+
+def test_the_readme_command_for_a_gpu_machine_uses_the_scripts_own_flags():
+    import shlex
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if "python3 benchmarks/gpu_runtime.py" in x and "timeout" in x)
+    words = shlex.split(line.split("python3 benchmarks/gpu_runtime.py", 1)[1].split("2>&1")[0])
+    args = gpu_runtime.build_parser().parse_args(words)  # exits on a flag the script does not have
+    assert args.quick and not args.dry_run and str(args.out).endswith("gpu_runtime.json")
+    assert "bin/gpu-wheels" in readme and (ROOT / "bin" / "gpu-wheels").stat().st_mode & 0o111

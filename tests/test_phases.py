@@ -145,13 +145,41 @@ def test_phases_benchmark_prints_one_json_object_with_the_issue_keys():
     from pathlib import Path
 
     script = Path(__file__).parent.parent / "benchmarks" / "phases.py"
-    command = [sys.executable, str(script), "--tiny", "--quick", "--json", "--paths", "stock", "--threads", "1"]
+    command = [sys.executable, str(script), "--tiny", "--quick", "--json", "--paths", "stock"]  # default threads
     out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True).stdout
     figures = json.loads(out)
     for key in ("decode_bandwidth_fraction", "decode_step_ratio_batch8", "prefill_flops_fraction",
                 "measured_bandwidth_gbs", "measured_flops_gflops", "model_params", "device"):  # fmt: skip
         assert key in figures, key
-    assert figures["model"] == models.TINY_NAME and figures["threads"] == 1 and len(figures["runs"]) == 1
+    assert figures["model"] == models.TINY_NAME and len(figures["runs"]) == 1
+    assert figures["threads"] == phases.CPU_THREADS  # module 1's setting, not torch's default
+    assert figures["decode_headline"] == "eager" and "CUDA" in figures["graph_note"]
+
+
+def test_phases_benchmark_refuses_contradicting_thread_flags(capsys):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import phases as benchmark  # benchmarks/ is not a package
+
+    with pytest.raises(SystemExit):
+        benchmark.main(["--tiny", "--threads", "2", "--torch-threads"])
+    assert "contradict" in capsys.readouterr().err
+
+
+def test_torch_threads_sets_the_count_and_restores_it_even_on_error():
+    before = torch.get_num_threads()
+    with kernels.torch_threads(1) as n:
+        assert n == 1 == torch.get_num_threads()
+    with pytest.raises(RuntimeError), kernels.torch_threads(1):
+        raise RuntimeError("measurement failed")
+    assert torch.get_num_threads() == before
+    with kernels.torch_threads(None) as n:
+        assert n == before
+    with pytest.raises(ValueError, match="positive"), kernels.torch_threads(0):
+        pass
+    assert phases.phase_threads(models.build_tiny_model()) == phases.CPU_THREADS == 1
 
 
 def test_load_check_flags_a_busy_machine():

@@ -30,7 +30,7 @@ def test_shipped_prose_model_predicts_held_out_text_far_better_than_chance():
     random = held_out_perplexity(
         models.LanguageModel(models.build_tiny_model().model, lm.tokenizer, "r", "", lm.geometry)
     )
-    assert trained < 200 < len(lm.tokenizer) < random  # chance is ~vocab size (2,052); measured ~80
+    assert trained < 200 < len(lm.tokenizer) < random  # chance is ~vocab size (2,048); measured ~80
     ids = lm.encode("Prefill feeds")
     out = lm.model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)
     words = lm.tokenizer.decode(out[0, ids.shape[1] :]).split()
@@ -67,5 +67,5 @@ def test_max_positions_must_be_a_positive_count():
 
 
 def test_random_prompt_ids_of_the_prose_model_avoid_special_tokens():
-    ids = models.build_prose_model(verbose=False).random_ids(8, 1000, seed=3)  # 8,000 draws of 2,052 ids
+    ids = models.build_prose_model(verbose=False).random_ids(8, 1000, seed=3)  # 8,000 draws of 2,048 ids
     assert int(ids.min()) >= len(models.SPECIAL_TOKENS)

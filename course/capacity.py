@@ -9,7 +9,8 @@ The pieces, each small enough to check by hand:
 * :func:`replicas_needed` and :func:`dollars_per_million_tokens`: the two lines of arithmetic that
   turn a per-replica capacity into a fleet and a price.
 * :func:`server_sim_config` and :func:`calibration_samples`: the simulator settings that mirror
-  module 2's reference server, and step-time samples measured against any running server.
+  module 2's reference server, and step-time samples measured against any running server, each
+  with the spread of the requests it is the median of (for :func:`course.noise.check`).
 * :func:`quantize_kv` and :func:`kv_quantization_quality`: a KV cache stored in fewer bits, simulated
   by quantizing and dequantizing the cached tensors, and what that does to a model's predictions.
 
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from course import metrics
+from course.noise import Spread
+from course.sim.cost import StepSample
 from course.trace import RequestTrace
 
 # --- SLOs -------------------------------------------------------------------------------------
@@ -230,6 +233,14 @@ def server_sim_config(max_batch_size: int, max_prefill_tokens: int, num_blocks: 
     return SimConfig(**settings)
 
 
+@dataclass(frozen=True)
+class CalibrationSample(StepSample):
+    """A measured step for :meth:`course.sim.LinearCost.fit`, with the spread of the per-request
+    values (s) whose median is ``seconds``: on a quiet runtime they agree, on a busy one they scatter."""
+
+    spread: Spread | None = None
+
+
 def calibration_samples(
     base_url: str,
     prefill_lengths: Sequence[int] = (16, 64, 256),
@@ -245,12 +256,13 @@ def calibration_samples(
     ``repeats`` requests is the prefill step. Decode: waves of ``batch`` requests that start together,
     each with a ``context``-token prompt and ``decode_output`` tokens; the median TPOT is the decode
     step at that batch, reading ``batch x (context + decode_output / 2)`` cached tokens on average.
-    (The method of ``benchmarks/sim_fidelity.py``.)
+    (The method of ``benchmarks/sim_fidelity.py``.) Each sample carries the spread of the TTFTs or
+    TPOTs it is the median of: ``course.noise.check([s.spread for s in samples], claim)`` says whether
+    the runtime was quiet enough for them (it needs ``repeats >= 3`` to know a prefill's spread).
     """
     import httpx
 
     from course.serving.client import run_load
-    from course.sim import StepSample
     from course.workload import all_at_once
 
     try:  # one request first: a server that is not there is an error to report plainly
@@ -263,14 +275,16 @@ def calibration_samples(
     for prompt in prefill_lengths:
         run = run_load(base_url, all_at_once(repeats, prompt, 2), concurrency=1, progress=False, seed=seed)
         _raise_failures(run.traces, f"prefill calibration ({prompt} tokens)")
-        samples.append(StepSample(prompt, 0, 0, statistics.median(metrics.ttft(t) for t in run.traces)))
+        ttfts = [metrics.ttft(t) for t in run.traces]
+        samples.append(CalibrationSample(prompt, 0, 0, statistics.median(ttfts), Spread.of(ttfts)))
     for context in decode_contexts:
         for batch in decode_batches:
             wave = all_at_once(batch * max(1, repeats // 2 + 1), context, decode_output)
             run = run_load(base_url, wave, concurrency=batch, progress=False, seed=seed + 1)
             _raise_failures(run.traces, f"decode calibration (batch {batch}, context {context})")
-            step = statistics.median(value for t in run.traces if (value := metrics.tpot(t)) is not None)
-            samples.append(StepSample(0, batch, batch * (context + decode_output // 2), step))
+            tpots = [value for t in run.traces if (value := metrics.tpot(t)) is not None]
+            kv_read = batch * (context + decode_output // 2)
+            samples.append(CalibrationSample(0, batch, kv_read, statistics.median(tpots), Spread.of(tpots)))
     return samples
 
 

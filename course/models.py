@@ -48,20 +48,18 @@ TINY_CONFIG: dict[str, Any] = dict(
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
 
 REALISTIC_NAME = "course-llama-170m"
-# A Llama geometry of the course's choosing (the issue asks for 100-200 M parameters): wide enough
-# (hidden 1024) that every linear layer is a real matrix-vector product, few enough layers (12)
-# that Python's per-layer cost stays small beside the weight reads. 32,000 is Llama-2's vocabulary
-# size; the course tokenizer covers ids below 2,048, the rest of the embedding is only read.
-REALISTIC_CONFIG: dict[str, Any] = dict(
+# The tiny model's Llama (head_dim 64, 4,096 positions, tied embeddings) at a size of the course's
+# choosing (the issue asks for 100-200 M parameters): wide enough (hidden 1024) that every linear
+# layer is a real matrix-vector product, few enough layers (12) that Python's per-layer cost stays
+# small beside the weight reads. 32,000 is Llama-2's vocabulary size; the course tokenizer covers
+# ids below 2,048, the rest of the embedding is only read.
+REALISTIC_CONFIG: dict[str, Any] = TINY_CONFIG | dict(
     vocab_size=32000,
     hidden_size=1024,
     intermediate_size=2816,
     num_hidden_layers=12,
     num_attention_heads=16,
     num_key_value_heads=4,  # GQA: each KV head serves four query heads
-    head_dim=64,
-    max_position_embeddings=4096,
-    tie_word_embeddings=True,
 )
 
 
@@ -108,6 +106,22 @@ def load_tokenizer():
     )
     tokenizer.model_max_length = TINY_CONFIG["max_position_embeddings"]
     return tokenizer
+
+
+def _llama_config(settings: dict[str, Any], tokenizer):
+    """A LlamaConfig of ``settings`` with the course tokenizer's vocabulary size (unless ``settings``
+    names one) and special-token ids."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        **{"vocab_size": len(tokenizer)}
+        | settings
+        | dict(
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
 
 
 # --- cache API across transformers 5.x ----------------------------------------------------------
@@ -185,7 +199,7 @@ class LanguageModel:
         import torch
 
         generator = torch.Generator().manual_seed(seed)
-        low = len(SPECIAL_TOKENS) if self.name == TINY_NAME else 0
+        low = len(SPECIAL_TOKENS) if self.name in OFFLINE_MODELS else 0  # the course tokenizer's specials
         ids = torch.randint(low, self.vocab_size, (batch, length), generator=generator)
         return ids.to(self.device)
 
@@ -205,16 +219,10 @@ class LanguageModel:
 def build_tiny_model(seed: int = 0, device: str = "cpu", dtype=None) -> LanguageModel:
     """The tiny Llama with weights drawn from ``seed`` (same seed, same weights)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     tokenizer = load_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **TINY_CONFIG,
-    )
+    config = _llama_config(TINY_CONFIG, tokenizer)
     previous = torch.random.get_rng_state()
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
@@ -286,15 +294,9 @@ def build_realistic_model(seed: int = 0, device: str = "cpu", dtype=None) -> Lan
     fp32, the dtype every CPU's math library handles well; module 1 compares it with bf16.
     """
     import torch
-    from transformers import LlamaConfig
 
     tokenizer = load_tokenizer()
-    config = LlamaConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **REALISTIC_CONFIG,
-    )
+    config = _llama_config(REALISTIC_CONFIG, tokenizer)
     model = _random_model(config, seed, device, dtype or torch.float32)
     geometry = from_hf_config(config, name=REALISTIC_NAME, num_params=sum(p.numel() for p in model.parameters()))
     return LanguageModel(model, tokenizer, REALISTIC_NAME, f"built offline from seed {seed}", geometry)
@@ -353,28 +355,36 @@ def load_model(
     allow_hub: bool | None = None,
     seed: int = 0,
     verbose: bool = True,
+    offline: str = TINY_NAME,
 ) -> LanguageModel:
     """The model a notebook should use on this runtime.
 
     On a GPU runtime with Hub access this loads a real small model (``HUB_MODEL``, or
-    ``name``); everywhere else, or when the Hub cannot be reached, it builds the tiny offline
-    model and says why. Asking for the tiny model by name (``TINY_NAME``) always works.
+    ``name``); everywhere else, or when the Hub cannot be reached, it builds an offline model
+    (``offline``) and says why. Asking for an offline model by name always works.
 
     Args:
-        name: a Hub model id, or ``TINY_NAME``; None picks for the runtime.
+        name: a Hub model id, ``TINY_NAME`` or ``PROSE_NAME``; None picks for the runtime.
         device: "cuda" or "cpu"; None = the GPU when there is one.
         allow_hub: try the Hub at all; None = only on a GPU runtime.
-        seed: seed of the tiny model's weights.
+        seed: seed of the tiny model's weights (the prose model's are trained, not drawn).
         verbose: print what was loaded and why.
+        offline: the model built where no Hub model is loaded on a CPU: ``TINY_NAME`` (random
+            weights, gibberish text, the fastest to build) or ``PROSE_NAME`` (trained on the course's
+            prose, so its text reads as text; built with the tiny model's 4,096-token context, see
+            :func:`build_prose_model`). A GPU runtime without the Hub gets the Hub model's geometry
+            with random weights instead, so that its timings carry over.
     """
     import torch
 
+    if offline not in OFFLINE_MODELS:
+        raise ValueError(f"offline must be one of {', '.join(OFFLINE_MODELS)}; got {offline!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if allow_hub is None:
-        allow_hub = device.startswith("cuda") or (name not in (None, TINY_NAME))
+        allow_hub = device.startswith("cuda") or (name not in (None, *OFFLINE_MODELS))
     reason = None
-    if name == TINY_NAME:
-        reason = "asked for by name"
+    if name in OFFLINE_MODELS:
+        offline, reason = name, "asked for by name"
     elif not allow_hub:
         reason = "CPU runtime: the real model would take minutes per measurement here"
     elif blocked := _hub_disabled():
@@ -391,11 +401,22 @@ def load_model(
             if verbose:
                 print(f"Loaded {lm.describe()} in {time.perf_counter() - start:.1f} s")
             return lm
-    if device.startswith("cuda") and name != TINY_NAME:
+    if device.startswith("cuda") and name not in OFFLINE_MODELS:
         # A GPU runtime without the Hub still gets the real model's size, so the timings carry over.
         lm = build_random_hub_geometry(name or HUB_MODEL, seed=seed, device=device)
         if verbose:
             print(f"Using {lm.name}: {reason}. It times like the real model; its text is gibberish.\n{lm.describe()}")
+        return lm
+    if offline == PROSE_NAME:
+        # The tiny model's context, so that either offline model takes the same prompts and server limits.
+        context = TINY_CONFIG["max_position_embeddings"]
+        lm = build_prose_model(device=device, verbose=False, max_positions=context)
+        if verbose:
+            print(
+                f"Using the prose offline model: {reason}. Its text reads as the course's prose; it was "
+                f"trained on {PROSE_TRAINING['seq_len']}-token windows and its text degrades past them (its "
+                f"context is {context:,} positions).\n{lm.describe()}"
+            )
         return lm
     lm = build_tiny_model(seed, device=device)
     if verbose:
@@ -435,6 +456,7 @@ def load_phase_model(*, device: str | None = None, dtype=None, seed: int = 0, ve
 # means something. The trained weights ship in ``course/data``; without them it trains and caches.
 
 PROSE_NAME = "course-prose-llama"
+OFFLINE_MODELS = (TINY_NAME, PROSE_NAME)  # what load_model builds without the Hub, by name
 PROSE_CORPUS_FILE = Path(__file__).parent / "data" / "course_prose.txt"
 # The weights ``train_prose_model()`` produced (fp16, 1.3 MB; the tied output layer is the embedding), so
 # that every runtime gets the same model in a fraction of a second. Retraining reproduces them on the same
@@ -529,7 +551,7 @@ def train_prose_model(steps: int | None = None, verbose: bool = False) -> tuple[
     torch.manual_seed(settings["seed"])
     torch.set_num_threads(1)
     try:
-        model = LlamaForCausalLM(_prose_config(tokenizer))
+        model = LlamaForCausalLM(_llama_config(PROSE_CONFIG, tokenizer))
         optimizer = torch.optim.AdamW(model.parameters(), lr=settings["lr"], weight_decay=0.01)
         schedule = torch.optim.lr_scheduler.OneCycleLR(
             optimizer, settings["lr"], total_steps=max(steps, 1), pct_start=0.1
@@ -555,33 +577,36 @@ def train_prose_model(steps: int | None = None, verbose: bool = False) -> tuple[
     return model.eval(), losses
 
 
-def _prose_config(tokenizer):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **PROSE_CONFIG,
-    )
-
-
-def build_prose_model(device: str = "cpu", verbose: bool = True, retrain: bool = False) -> LanguageModel:
+def build_prose_model(
+    device: str = "cpu", verbose: bool = True, retrain: bool = False, max_positions: int | None = None
+) -> LanguageModel:
     """The tiny Llama trained on the course's prose: the shipped weights, else a cached or fresh training run.
 
     ``retrain=True`` ignores the shipped file (minutes on a CPU; cached under ``COURSE_CACHE_DIR`` or
     ``~/.cache/llm-serving-course`` afterwards).
+
+    ``max_positions`` sets the context (``config.max_position_embeddings``, what servers check prompts
+    against; default :data:`PROSE_CONFIG`'s 512). The weights do not depend on it: the model is a Llama
+    with default RoPE, whose rotation frequencies are fixed (``rope_theta``, ``head_dim``) and applied
+    to each position as it comes, so a longer context gives the same outputs for the positions both
+    allow (tests/test_prose_model.py checks it). What the model has learnt does not stretch with it: it
+    was trained on ``PROSE_TRAINING["seq_len"]`` (64) token windows, and its held-out perplexity rises
+    past them (measured with transformers 5.24, torch 2.13 on a CPU: about 95 in the first 64
+    positions, 160 at positions 64-511 and 185 at 512-2,047; chance is the vocabulary, 2,048).
     """
     import torch
     from transformers import LlamaForCausalLM
 
+    if max_positions is None:
+        max_positions = PROSE_CONFIG["max_position_embeddings"]
+    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
+        raise ValueError(f"max_positions must be a positive number of tokens; got {max_positions!r}")
     tokenizer = load_tokenizer()
     cached = _prose_cache_path()
     if not retrain and PROSE_WEIGHTS_FILE.exists() or cached.exists():
         path = PROSE_WEIGHTS_FILE if not retrain and PROSE_WEIGHTS_FILE.exists() else cached
         previous = torch.random.get_rng_state()
-        model = LlamaForCausalLM(_prose_config(tokenizer))
+        model = LlamaForCausalLM(_llama_config(PROSE_CONFIG, tokenizer))
         torch.random.set_rng_state(previous)  # building the model must not disturb the caller's seed
         state = {name: tensor.float() for name, tensor in torch.load(path, weights_only=True).items()}
         missing, unexpected = model.load_state_dict(state, strict=False)
@@ -602,6 +627,7 @@ def build_prose_model(device: str = "cpu", verbose: bool = True, retrain: bool =
             torch.save({k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}, cached)
         except OSError as err:  # a read-only home: train again next time
             source += f"; not cached ({err.strerror})"
+    model.config.max_position_embeddings = max_positions  # the weights and RoPE frequencies stay as trained
     model = model.to(device=device, dtype=torch.float32).eval()
     geometry = from_hf_config(model.config, name=PROSE_NAME, num_params=sum(p.numel() for p in model.parameters()))
     lm = LanguageModel(model, tokenizer, PROSE_NAME, source, geometry)

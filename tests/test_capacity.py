@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from course import capacity
+from course import capacity, noise
 from course.trace import RequestTrace
 
 
@@ -175,6 +175,11 @@ def test_calibration_samples_against_the_reference_server_fit_a_cost():
     assert [s.kv_tokens_read for s in samples[2:]] == [1 * (16 + 2), 2 * (16 + 2)]
     assert all(s.seconds > 0 for s in samples)
     assert LinearCost.fit(samples).step_seconds(64, 0, 0) > 0
+    # Each sample carries the spread of the requests it is the median of, for course.noise.check.
+    assert [s.spread.n for s in samples] == [1, 1, 1, 2]  # one prefill request; one wave of `batch` decodes
+    assert all(s.spread.low <= s.seconds <= s.spread.high for s in samples)
+    verdict = noise.check([s.spread for s in samples], "the fit", load=None)
+    assert not verdict.ok and "only 1 repeat(s) per point" in verdict.message
 
 
 def test_calibration_reports_failed_requests():

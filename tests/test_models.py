@@ -130,6 +130,21 @@ def test_load_model_respects_hub_offline(monkeypatch, capsys):
     assert lm.name == models.TINY_NAME and "HF_HUB_OFFLINE is set" in capsys.readouterr().out
 
 
+def test_load_model_builds_the_prose_model_offline_with_the_tiny_models_context(monkeypatch, capsys):
+    monkeypatch.setattr(models, "load_hub_model", lambda *a, **k: pytest.fail("must not touch the Hub"))
+    lm = models.load_model(offline=models.PROSE_NAME)
+    assert lm.name == models.PROSE_NAME
+    assert lm.model.config.max_position_embeddings == models.TINY_CONFIG["max_position_embeddings"]
+    assert "prose offline model: CPU runtime" in capsys.readouterr().out
+    by_name = models.load_model(models.PROSE_NAME, device="cpu", allow_hub=True, verbose=False)
+    assert by_name.name == models.PROSE_NAME  # asked for by name: built offline even where the Hub is allowed
+
+
+def test_load_model_refuses_an_unknown_offline_model():
+    with pytest.raises(ValueError, match="offline must be one of course-tiny-llama, course-prose-llama; got 'tiny'"):
+        models.load_model(offline="tiny")
+
+
 def test_load_model_returns_the_hub_model_when_it_loads(monkeypatch, tiny):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(models, "load_hub_model", lambda name, device, dtype=None: tiny)

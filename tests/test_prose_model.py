@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from course import models
@@ -29,7 +30,7 @@ def test_shipped_prose_model_predicts_held_out_text_far_better_than_chance():
     random = held_out_perplexity(
         models.LanguageModel(models.build_tiny_model().model, lm.tokenizer, "r", "", lm.geometry)
     )
-    assert trained < 200 < len(lm.tokenizer) < random  # chance is ~vocab size (2,052); measured ~80
+    assert trained < 200 < len(lm.tokenizer) < random  # chance is ~vocab size (2,048); measured ~80
     ids = lm.encode("Prefill feeds")
     out = lm.model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)
     words = lm.tokenizer.decode(out[0, ids.shape[1] :]).split()
@@ -41,3 +42,30 @@ def test_training_is_deterministic_and_learns():
     _, second = models.train_prose_model(steps=6)
     assert first == second
     assert first[-1] < first[0]
+
+
+def test_a_longer_context_gives_the_same_outputs_and_the_text_degrades_past_the_training_windows():
+    # Default RoPE: no weight depends on max_position_embeddings, so raising it (module 2 serves 2,048-token
+    # prompts) changes nothing below 512 positions; what the model learnt still stops at its 64-token windows.
+    short, long = models.build_prose_model(verbose=False), models.build_prose_model(verbose=False, max_positions=4096)
+    assert (short.model.config.max_position_embeddings, long.model.config.max_position_embeddings) == (512, 4096)
+    _, held = models.prose_corpus()
+    ids = long.encode(held)[:, :2048]
+    with torch.no_grad():
+        assert torch.equal(short.model(input_ids=ids[:, :300]).logits, long.model(input_ids=ids[:, :300]).logits)
+        logits = long.model(input_ids=ids).logits[0, :-1]
+    losses = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
+    window = models.PROSE_TRAINING["seq_len"]
+    inside, far = math.exp(float(losses[:window].mean())), math.exp(float(losses[512:].mean()))
+    assert inside < far < len(long.tokenizer)  # measured ~95 and ~185: worse past the windows, far from chance
+
+
+def test_max_positions_must_be_a_positive_count():
+    for bad in (0, -5, 2.5, True, "4096"):
+        with pytest.raises(ValueError, match="max_positions must be a positive number of tokens"):
+            models.build_prose_model(verbose=False, max_positions=bad)
+
+
+def test_random_prompt_ids_of_the_prose_model_avoid_special_tokens():
+    ids = models.build_prose_model(verbose=False).random_ids(8, 1000, seed=3)  # 8,000 draws of 2,048 ids
+    assert int(ids.min()) >= len(models.SPECIAL_TOKENS)

@@ -24,7 +24,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help="'tiny' (the offline model), a Hub id or a local model folder (default: tiny on CPU, a real small "
+        help="'tiny' (the offline random model), 'prose' (the offline model trained on the course's text, "
+        "whose output reads as text), a Hub id or a local model folder (default: tiny on CPU, a real small "
         "model on a GPU runtime with Hub access)",
     )
     parser.add_argument("--served-model-name", default=None, help="the id clients send as 'model'")
@@ -78,7 +79,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from course.env import QUIET_ENV
-    from course.models import TINY_NAME, load_model
+    from course.models import PROSE_NAME, TINY_NAME, load_model
     from course.serving.background import uvicorn_server
     from course.serving.server import access_logger, create_app
 
@@ -86,9 +87,9 @@ def serve(args: argparse.Namespace) -> int:
         os.environ.setdefault(key, value)
     if args.threads:
         torch.set_num_threads(args.threads)
-    name = TINY_NAME if args.model in ("tiny", TINY_NAME) else args.model
+    name = {"tiny": TINY_NAME, "prose": PROSE_NAME}.get(args.model, args.model)
     lm = load_model(name, device=args.device, seed=args.seed, allow_hub=None if name is None else True)
-    aliases = (args.model,) if args.model not in (None, "tiny", lm.name) else ()
+    aliases = (args.model,) if args.model not in (None, "tiny", "prose", lm.name) else ()
     app = create_app(
         lm,
         model_name=args.served_model_name or lm.name,

@@ -201,24 +201,15 @@ def _grade_options(parser: argparse.ArgumentParser) -> None:
         help="bwrap: every student in a bubblewrap sandbox (needs root and bubblewrap); none: unconfined "
         "(trusted notebooks only); auto: bwrap where it works (default)",
     )
-    parser.add_argument(
-        "--cell-timeout", type=int, default=None, help=f"seconds per cell (default {defaults.cell_timeout_s})"
+    limits = (  # flag, type, what it limits; None means the sandbox's default (autograder.sandbox.Limits)
+        ("--cell-timeout", int, f"seconds per cell (default {defaults.cell_timeout_s})"),
+        ("--timeout", int, f"seconds per student (default {defaults.job_timeout_s})"),
+        ("--memory", float, f"GiB of address space per kernel (default {defaults.memory_bytes / GiB:g})"),
+        ("--cpu-time", int, f"CPU seconds per kernel (default {defaults.cpu_seconds})"),
+        ("--processes", int, f"processes and threads per kernel (default {defaults.processes})"),
     )
-    parser.add_argument(
-        "--timeout", type=int, default=None, help=f"seconds per student (default {defaults.job_timeout_s})"
-    )
-    parser.add_argument(
-        "--memory",
-        type=float,
-        default=None,
-        help=f"GiB of address space per kernel (default {defaults.memory_bytes / GiB:g})",
-    )
-    parser.add_argument(
-        "--cpu-time", type=int, default=None, help=f"CPU seconds per kernel (default {defaults.cpu_seconds})"
-    )
-    parser.add_argument(
-        "--processes", type=int, default=None, help=f"processes and threads per kernel (default {defaults.processes})"
-    )
+    for flag, kind, text in limits:
+        parser.add_argument(flag, type=kind, default=None, help=text)
     parser.add_argument("--keep-jobs", action="store_true", help="keep each student's sandbox folder (debugging)")
 
 
@@ -229,6 +220,21 @@ def _db_option(parser: argparse.ArgumentParser) -> None:
         help="gradebook URL, e.g. postgresql+psycopg2://user:pass@host/db (default: $AUTOGRADER_DB_URL, else "
         "sqlite gradebook.db in the course root)",
     )
+
+
+def _command(
+    commands, name: str, run, summary: str, description: str, *, students: bool = False
+) -> argparse.ArgumentParser:
+    """A subcommand that calls ``run(args)``; ``students``: it takes an ASSIGNMENT and --student filters.
+
+    ``summary`` is its line in ``autograder --help``, ``description`` the text of ``autograder NAME --help``.
+    """
+    parser = commands.add_parser(name, help=summary, description=description)
+    parser.set_defaults(run=run)
+    if students:
+        parser.add_argument("assignment")
+        parser.add_argument("--student", action="append", help="only this student (repeatable)")
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -244,21 +250,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", type=Path, default=None, help="nbgrader course root (default: this checkout)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    rel = commands.add_parser(
+    rel = _command(
+        commands,
         "release",
-        help="regenerate the student notebooks in modules/ from the nbgrader sources in solutions/",
-        description="Rewrite each source notebook's setup cell from course/env.py, clear source outputs, "
+        _release,
+        "regenerate the student notebooks in modules/ from the nbgrader sources in solutions/",
+        "Rewrite each source notebook's setup cell from course/env.py, clear source outputs, "
         "then run nbgrader generate_assignment so modules/ holds the student notebooks (solutions and "
         "hidden tests removed, outputs cleared). Commit solutions/ and modules/ together.",
     )
     rel.add_argument("assignments", nargs="*", help="assignment ids (default: all folders of solutions/)")
     rel.add_argument("--db-url", default=None, help="gradebook URL (default: sqlite gradebook.db in the root)")
-    rel.set_defaults(run=_release)
 
-    col = commands.add_parser(
+    col = _command(
+        commands,
         "collect",
-        help="copy submissions from an LMS zip or a folder into submitted/<student>/<assignment>/",
-        description="Find every notebook in SUBMISSIONS (a zip, nested zips, or a folder), take the student id "
+        _collect,
+        "copy submissions from an LMS zip or a folder into submitted/<student>/<assignment>/",
+        "Find every notebook in SUBMISSIONS (a zip, nested zips, or a folder), take the student id "
         "from its path with --pattern, recognise its assignment by the marker comments of its graded cells "
         "(any file name: 'Copy of ...', 'name (1).ipynb', Colab's), and copy it under its canonical name. "
         "Every entry of the download is listed in grading/collect-report.json: collected, superseded, or skipped "
@@ -279,62 +288,64 @@ def build_parser() -> argparse.ArgumentParser:
         "('<assignment>_<username>_attempt_<time>_file'), folder (first folder), file (file name up to the first "
         "_, - or space), auto (try those in that order; default)",
     )
-    col.set_defaults(run=_collect)
 
-    rep = commands.add_parser(
+    _command(
+        commands,
         "repair",
-        help="restore lost nbgrader metadata, deleted test cells and Colab's format in submitted notebooks",
-        description="Match every graded cell of each submitted notebook to the release notebook by its marker "
+        _repair,
+        "restore lost nbgrader metadata, deleted test cells and Colab's format in submitted notebooks",
+        "Match every graded cell of each submitted notebook to the release notebook by its marker "
         "comment (# EXERCISE: / # TEST:) and restore its nbgrader metadata; re-add deleted test cells; turn "
         "graded cells back into code cells; convert Colab's nbformat 4.0 (no cell ids). The notebook as "
         "received is kept in grading/<assignment>/received/ and repair always starts from it.",
+        students=True,
     )
-    rep.add_argument("assignment")
-    rep.add_argument("--student", action="append", help="only this student (repeatable)")
-    rep.set_defaults(run=_repair)
 
-    gra = commands.add_parser(
+    gra = _command(
+        commands,
         "grade",
-        help="autograde every submission in parallel sandboxes and merge the scores into the gradebook",
-        description="Each student's nbgrader run and kernel execute in a bubblewrap sandbox: no network, no "
+        _grade,
+        "autograde every submission in parallel sandboxes and merge the scores into the gradebook",
+        "Each student's nbgrader run and kernel execute in a bubblewrap sandbox: no network, no "
         "access to solutions/ or the gradebook, limits on memory, CPU time, processes, file and output size, a "
         "per-cell timeout. A crashing or hanging cell is marked, the kernel restarted and grading goes on; a "
         "student whose grading fails gets 0 marked for manual grading, never stopping the others. Scores are "
         "merged into the gradebook one student at a time.",
+        students=True,
     )
-    gra.add_argument("assignment")
-    gra.add_argument("--student", action="append", help="only this student (repeatable)")
     _db_option(gra)
     _grade_options(gra)
-    gra.set_defaults(run=_grade)
 
-    fee = commands.add_parser(
+    fee = _command(
+        commands,
         "feedback",
-        help="write feedback/<student>/<assignment>/<notebook>.html without hidden tests or their tracebacks",
-        description="Render each autograded notebook with a summary (score per exercise, what the grader "
+        _feedback,
+        "write feedback/<student>/<assignment>/<notebook>.html without hidden tests or their tracebacks",
+        "Render each autograded notebook with a summary (score per exercise, what the grader "
         "repaired or interrupted); test cells show only their visible tests, a failing test says whether it "
         "was visible or hidden and gives its message, never hidden code or a traceback through it.",
+        students=True,
     )
-    fee.add_argument("assignment")
-    fee.add_argument("--student", action="append", help="only this student (repeatable)")
     _db_option(fee)
-    fee.set_defaults(run=_feedback)
 
-    exp = commands.add_parser(
+    exp = _command(
+        commands,
         "export",
-        help="write grades.csv and a per-exercise summary.csv",
-        description="grades.csv: per student, the score of each exercise, total, max and status; summary.csv: "
+        _export,
+        "write grades.csv and a per-exercise summary.csv",
+        "grades.csv: per student, the score of each exercise, total, max and status; summary.csv: "
         "per exercise, points, mean and share of full marks. Default folder: grading/<assignment>/.",
     )
     exp.add_argument("assignment")
     exp.add_argument("--output", type=Path, default=None, help="folder for the CSV files")
     _db_option(exp)
-    exp.set_defaults(run=_export)
 
-    run = commands.add_parser(
+    run = _command(
+        commands,
         "run",
-        help="collect, repair, grade, feedback and export in one go",
-        description="autograder collect + repair + grade + feedback + export for one assignment. Students whose "
+        _run,
+        "collect, repair, grade, feedback and export in one go",
+        "autograder collect + repair + grade + feedback + export for one assignment. Students whose "
         "files could not be read are graded 0 and marked for manual grading; a damaged file never stops the class. "
         + DUPLICATES_RULE,
     )
@@ -344,12 +355,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", type=Path, default=None, help="folder for the CSV files")
     _db_option(run)
     _grade_options(run)
-    run.set_defaults(run=_run)
 
-    chk = commands.add_parser(
+    chk = _command(
+        commands,
         "check",
-        help="self-check for learners: run one notebook with its visible and hidden tests, score per exercise",
-        description="Grades one notebook without a gradebook or nbgrader: repairs it like the instructor's "
+        _check,
+        "self-check for learners: run one notebook with its visible and hidden tests, score per exercise",
+        "Grades one notebook without a gradebook or nbgrader: repairs it like the instructor's "
         "pipeline, runs it in a fresh kernel with the full tests from the course's solutions/ (this checkout, "
         "or the public repository downloaded once), and prints the score per exercise. In Colab: "
         "`from autograder.check import check_colab; check_colab()`.",
@@ -357,7 +369,6 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("notebook", type=Path)
     chk.add_argument("--source", type=Path, default=None, help="course root, solutions/ folder or source notebook")
     chk.add_argument("--timeout", type=int, default=300, help="seconds per cell (default 300)")
-    chk.set_defaults(run=_check)
     return parser
 
 

@@ -224,30 +224,15 @@ def main(argv: list[str] | None = None) -> int:
 
     servers = {}
     course_serve = [str(BIN / "course"), "serve", "--model", "tiny", "--threads", "1"]
-    port = free_port()
-    servers["course, continuous batching"] = run_server(
-        "course, continuous batching",
-        course_serve + ["--port", str(port), "--max-batch-size", "64"],
-        "course-tiny-llama",
-        args,
-        port,
+    course_servers = (
+        ("course, continuous batching", ["--max-batch-size", "64"]),
+        ("course, one at a time", ["--max-batch-size", "1"]),
+        ("course, transformers runner", ["--max-batch-size", "64", "--runner", "transformers"]),
     )
-    port = free_port()
-    servers["course, one at a time"] = run_server(
-        "course, one at a time",
-        course_serve + ["--port", str(port), "--max-batch-size", "1"],
-        "course-tiny-llama",
-        args,
-        port,
-    )
-    port = free_port()
-    servers["course, transformers runner"] = run_server(
-        "course, transformers runner",
-        course_serve + ["--port", str(port), "--max-batch-size", "64", "--runner", "transformers"],
-        "course-tiny-llama",
-        args,
-        port,
-    )
+    for label, options in course_servers:
+        port = free_port()
+        command = course_serve + ["--port", str(port), *options]
+        servers[label] = run_server(label, command, "course-tiny-llama", args, port)
     transformers_cli = shutil.which("transformers", path=str(BIN)) or shutil.which("transformers")
     missing = [name for name in ("accelerate", "rich") if importlib.util.find_spec(name) is None]
     if args.skip_transformers:

@@ -290,20 +290,43 @@ def _check_positive_int(name: str, field_name: str, value: Any) -> None:
         raise ValueError(f"{name}: {field_name} must be a positive integer, got {value!r}")
 
 
+def read_config_json(
+    path: str | Path, *, label: str = "config", instead: str = "a dict of config keys"
+) -> tuple[Path, dict]:
+    """The keys of a config.json: ``path`` itself, or ``path/config.json`` when it is a folder.
+
+    Returns (the file read, its JSON object). Raises ValueError naming the file when it does not
+    exist (``label: no such config.json ...; give <instead> or the path of a config.json or of its
+    folder``), cannot be read, is not valid JSON (with the line and column) or is not one JSON object.
+    """
+    path = Path(path).expanduser()
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        if path.is_dir():
+            why = "the folder has no config.json"
+        else:
+            why = f"the {'file' if path.suffix else 'folder'} does not exist"
+        raise ValueError(
+            f"{label}: no such config.json {str(file)!r} ({why}); give {instead} or the path of a config.json "
+            "or of its folder"
+        )
+    try:
+        config = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}: not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{file}: cannot read it ({err})") from None
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{file}: a config.json must be one JSON object of config keys, this one is a {type(config).__name__}"
+        )
+    return file, config
+
+
 def _read_config(config: Any) -> dict:
     if isinstance(config, (str, Path)):
-        path = Path(config)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.exists():
-            raise ValueError(f"config: no such file {str(path)!r}; give a config.json, its folder, or a dict")
-        try:
-            config = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"config: {str(path)!r} is not valid JSON ({err})") from err
-        except (OSError, UnicodeDecodeError) as err:
-            raise ValueError(f"config: cannot read {str(path)!r} ({err})") from err
-    elif hasattr(config, "to_dict"):
+        return read_config_json(config)[1]
+    if hasattr(config, "to_dict"):
         config = config.to_dict()
     if not isinstance(config, dict):
         raise ValueError(f"config: expected a JSON object of config keys (a config.json), got {type(config).__name__}")

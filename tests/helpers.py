@@ -46,23 +46,18 @@ class CheckedBlocks:
 
 def reference_step(config: SimConfig) -> harness.StepFunction:
     """The step function of ``config``'s iteration-level scheduler, with every setting it has."""
+    limits = {"token_budget": config.token_budget, "max_num_seqs": config.max_num_seqs}
     if config.scheduler == "continuous":
         return functools.partial(
             steps.continuous_step,
-            token_budget=config.token_budget,
-            max_num_seqs=config.max_num_seqs,
+            **limits,
             chunked_prefill=config.chunked_prefill,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
         )
     if config.scheduler == "prefill-first" and config.decode_after_prefill:
         return steps.PrefillThenDecode(config.token_budget, config.max_num_seqs, config.watermark_blocks)
     if config.scheduler == "prefill-first":
-        return functools.partial(
-            steps.prefill_first_step,
-            token_budget=config.token_budget,
-            max_num_seqs=config.max_num_seqs,
-            watermark_blocks=config.watermark_blocks,
-        )
+        return functools.partial(steps.prefill_first_step, **limits, watermark_blocks=config.watermark_blocks)
     raise ValueError(f"{config.scheduler!r} has no step function; static batching is steps.run_static")
 
 

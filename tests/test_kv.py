@@ -73,41 +73,29 @@ def _other_architectures():
         Qwen3ForCausalLM,
     )
 
-    small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4)
+    small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=2)
+    gqa = dict(small, num_key_value_heads=2)
     return {
         # every layer slides (window 8: the cache keeps the last 7 tokens)
-        "mistral-sliding": lambda: _tiny(
-            MistralConfig, MistralForCausalLM, num_hidden_layers=2, num_key_value_heads=2, sliding_window=8, **small
-        ),
+        "mistral-sliding": lambda: _tiny(MistralConfig, MistralForCausalLM, **gqa, sliding_window=8),
         # alternating sliding and global layers, explicit head_dim (32, not 64 // 4)
         "gemma2-alternating": lambda: _tiny(
-            Gemma2Config,
-            Gemma2ForCausalLM,
-            num_hidden_layers=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            sliding_window=8,
-            **small,
+            Gemma2Config, Gemma2ForCausalLM, **dict(gqa, num_hidden_layers=4), head_dim=32, sliding_window=8
         ),
         # explicit head_dim larger than hidden / heads
-        "qwen3-head-dim": lambda: _tiny(
-            Qwen3Config, Qwen3ForCausalLM, num_hidden_layers=2, num_key_value_heads=2, head_dim=32, **small
-        ),
+        "qwen3-head-dim": lambda: _tiny(Qwen3Config, Qwen3ForCausalLM, **gqa, head_dim=32),
         # MLA: transformers caches the latent (kv_lora_rank) and the rope key, as vLLM does
         "deepseek-v3-mla": lambda: _tiny(
             DeepseekV3Config,
             DeepseekV3ForCausalLM,
-            hidden_size=64,
-            intermediate_size=128,
-            moe_intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            **small,
             num_key_value_heads=4,
             kv_lora_rank=16,
             q_lora_rank=None,
             qk_rope_head_dim=8,
             qk_nope_head_dim=16,
             v_head_dim=16,
+            moe_intermediate_size=32,
             n_routed_experts=4,
             num_experts_per_tok=2,
             n_group=1,
@@ -398,7 +386,7 @@ def test_config_readers_for_other_layouts(tmp_path):
                 {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "kv_lora_rank": 16}
             ),
             "lacks 'qk_rope_head_dim'",
-        ),  # fmt: skip
+        ),
         (lambda: kv.budget({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}), "max_model_len"),
         (lambda: kv.explorer("Llama-3-8B", gpus=("B300",), interactive=False), "gpus: unknown"),
     ],

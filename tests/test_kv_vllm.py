@@ -344,6 +344,31 @@ def test_a_missing_folder_is_not_called_an_unknown_model(tmp_path, capsys):
     assert "no such config.json" in err and "folder does not exist" in err and "catalogue models" not in err
 
 
+def test_a_folder_without_config_json_is_not_called_missing(tmp_path, capsys):
+    assert course_main(["kv", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"no such config.json {str(tmp_path / 'config.json')!r} (the folder has no config.json)" in err
+    assert "does not exist" not in err
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("[1, 2, 3]", "{path}: a config.json must be one JSON object of config keys, this one is a list"),
+        ('{"num_hidden_layers": 2,', "{path}: not valid JSON: Expecting property name enclosed in double quotes"),
+        (None, "config: no such config.json '{path}' (the file does not exist); give a dict of config keys or"),
+    ],
+)
+def test_geometry_reads_a_config_file_with_the_calculators_messages(tmp_path, content, expected):
+    """from_hf_config(path) and `course kv PATH` read a config.json through one reader, with one set of messages."""
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError) as raised:
+        geometry.from_hf_config(path)
+    assert str(raised.value).startswith(expected.format(path=path))
+
+
 # --- one catalogue for every command ---------------------------------------------------------------------
 
 

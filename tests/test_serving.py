@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-import torch
+from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
 from course.metrics import summarize
 from course.serving.background import BackgroundServer, run_sync
@@ -25,15 +25,12 @@ MODEL = "tiny-test"
 
 @pytest.fixture(scope="module")
 def server():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # engine, server and clients share this process
     lm = chatty_tiny_model(seed=2)
     engine = Engine(lm, max_batch_size=16, max_model_len=512)
     with BackgroundServer(create_app(engine=engine, model_name=MODEL, aliases=("alias",))) as running:
         running.engine = engine
         running.lm = lm
         yield running
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-import torch
+from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
 from course.serving.background import BackgroundServer, run_sync
 from course.serving.client import default_prompt_builder
@@ -22,13 +22,10 @@ MODEL = "load"
 
 @pytest.fixture(scope="module")
 def server():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
     engine = Engine(shared_chatty_model(seed=6), max_batch_size=32, max_model_len=4096, max_prefill_tokens=512)
     with BackgroundServer(create_app(engine=engine, model_name=MODEL, max_request_bytes=4 * 2**20)) as running:
         running.engine = engine
         yield running
-    torch.set_num_threads(previous)
 
 
 async def _stream(http: httpx.AsyncClient, url: str, tokens: int, times: list[float]) -> int:
@@ -38,6 +35,15 @@ async def _stream(http: httpx.AsyncClient, url: str, tokens: int, times: list[fl
             if line.startswith("data:") and "[DONE]" not in line:
                 times.append(time.perf_counter())
         return response.status_code
+
+
+async def _streams_under_way(http: httpx.AsyncClient, url: str, count: int, tokens: int, chunks: int):
+    """Start ``count`` streams of ``tokens`` tokens; (their chunk times, their tasks) once each has ``chunks``."""
+    times: list[list[float]] = [[] for _ in range(count)]
+    streams = [asyncio.ensure_future(_stream(http, url, tokens, t)) for t in times]
+    while not all(len(t) >= chunks for t in times):
+        await asyncio.sleep(0.005)
+    return times, streams
 
 
 def _gaps(times: list[float], start: float, end: float) -> list[float]:
@@ -54,10 +60,7 @@ def test_large_bodies_are_refused_fast_while_streams_and_health_go_on(server):
 
     async def main():
         async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=40)) as http:
-            times = [[] for _ in range(8)]
-            streams = [asyncio.ensure_future(_stream(http, server.base_url, 150, t)) for t in times]
-            while not all(len(t) > 5 for t in times):
-                await asyncio.sleep(0.01)
+            times, streams = await _streams_under_way(http, server.base_url, 8, 150, chunks=6)
             start = time.perf_counter()
             refusals = {}
             for name, (path, body, _) in cases.items():
@@ -88,10 +91,7 @@ def test_a_4000_token_prompt_stalls_running_streams_by_at_most_one_prefill(serve
 
     async def main():
         async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=40)) as http:
-            times = [[] for _ in range(16)]
-            streams = [asyncio.ensure_future(_stream(http, server.base_url, 120, t)) for t in times]
-            while not all(len(t) > 10 for t in times):
-                await asyncio.sleep(0.005)
+            times, streams = await _streams_under_way(http, server.base_url, 16, 120, chunks=11)
             start = time.perf_counter()
             reply = await http.post(
                 server.base_url + "/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2}

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-import torch
+from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
 from course.serving.background import BackgroundServer, run_sync
 from course.serving.engine import Engine
@@ -58,13 +58,10 @@ def malformed_requests(rng: random.Random) -> list[tuple[str, dict]]:
 
 @pytest.fixture(scope="module")
 def server():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
     engine = Engine(chatty_tiny_model(seed=9), max_batch_size=16, max_model_len=256)
     with BackgroundServer(create_app(engine=engine, model_name=MODEL)) as running:
         running.engine = engine
         yield running
-    torch.set_num_threads(previous)
 
 
 def test_malformed_requests_then_random_disconnects(server):

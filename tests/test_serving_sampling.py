@@ -9,6 +9,7 @@ from collections import Counter
 import httpx
 import pytest
 import torch
+from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
 from course.models import build_tiny_model
 from course.serving.background import BackgroundServer, run_sync
@@ -27,12 +28,9 @@ def lm():
 
 @pytest.fixture(scope="module")
 def engine(lm):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
     running = Engine(lm, max_batch_size=16, max_model_len=512)
     yield running
     running.stop()
-    torch.set_num_threads(previous)
 
 
 def _run(engine, n=12, **kw):

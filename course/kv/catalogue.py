@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
-from course.geometry import ModelGeometry, from_hf_config
+from course.geometry import ModelGeometry, from_hf_config, read_config_json
 from course.kv.params import count_params
 
 CATALOGUE_FILE = Path(__file__).parent.parent / "data" / "kv_models.json"
@@ -90,23 +90,7 @@ def get_model(spec: str | Path | dict | ModelGeometry, num_params: int | None = 
             if "/" not in text:  # a plain name: the catalogue was meant
                 raise
     path = Path(spec).expanduser()
-    file = path / "config.json" if path.is_dir() else path
-    if not file.is_file():
-        what = "folder" if not path.suffix else "file"
-        raise ValueError(
-            f"model: no such config.json {str(file)!r} (the {what} does not exist); give a catalogue name "
-            "(course kv --list) or the path of a config.json or of its folder"
-        )
-    try:
-        cfg = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file}: not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{file}: cannot read it ({err})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(
-            f"{file}: a config.json must be one JSON object of config keys, this one is a {type(cfg).__name__}"
-        )
+    file, cfg = read_config_json(path, label="model", instead="a catalogue name (course kv --list)")
     name = cfg.get("_name_or_path") or (path.stem if path.is_file() else path.name)
     try:
         g = from_hf_config(cfg, name=name, num_params=num_params or count_params(cfg))

@@ -57,11 +57,33 @@ def add_cli_arguments(parser) -> None:
     parser.add_argument("--list", action="store_true", help="list the catalogue models and GPUs")
 
 
+# The options budget() takes under the same name, and those given in GiB: option -> budget()'s keyword in bytes.
+_AS_GIVEN = (
+    "utilization",
+    "max_model_len",
+    "kv_dtype",
+    "block_size",
+    "tp",
+    "weight_dtype",
+    "kv_cache_memory_bytes",
+    "max_num_batched_tokens",
+)
+_IN_GIB = {
+    "weights_gib": "weight_bytes",
+    "activation_gib": "activation_bytes",
+    "non_torch_gib": "non_torch_bytes",
+    "cuda_graph_gib": "cuda_graph_bytes",
+    "gpu_memory_gib": "gpu_memory_bytes",
+    "other_process_gib": "other_process_bytes",
+}
+
+
 def _gib(name: str, value: float | None) -> float | None:
+    """The option ``name`` (an argparse dest, e.g. "weights_gib") in bytes; None stays None."""
     if value is None:
         return None
     if value != value or value < 0:  # NaN or negative
-        raise ValueError(f"--{name}: must be a number of GiB >= 0, got {value!r}")
+        raise ValueError(f"--{name.replace('_', '-')}: must be a number of GiB >= 0, got {value!r}")
     return value * GiB
 
 
@@ -86,24 +108,9 @@ def run_cli(args) -> int:
     g = get_model(args.model)
     if args.gpu_memory_gib is not None and not args.gpu_memory_gib > 0:
         raise ValueError(f"--gpu-memory-gib: must be a positive number of GiB, got {args.gpu_memory_gib!r}")
-    b = budget(
-        g,
-        args.gpu,
-        utilization=args.utilization,
-        max_model_len=args.max_model_len,
-        kv_dtype=args.kv_dtype,
-        block_size=args.block_size,
-        tp=args.tp,
-        weight_dtype=args.weight_dtype,
-        weight_bytes=_gib("weights-gib", args.weights_gib),
-        activation_bytes=_gib("activation-gib", args.activation_gib),
-        non_torch_bytes=_gib("non-torch-gib", args.non_torch_gib),
-        cuda_graph_bytes=_gib("cuda-graph-gib", args.cuda_graph_gib),
-        gpu_memory_bytes=_gib("gpu-memory-gib", args.gpu_memory_gib),
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        other_process_bytes=_gib("other-process-gib", args.other_process_gib),
-        max_num_batched_tokens=args.max_num_batched_tokens,
-    )
+    options = {name: getattr(args, name) for name in _AS_GIVEN}
+    options.update({keyword: _gib(name, getattr(args, name)) for name, keyword in _IN_GIB.items()})
+    b = budget(g, args.gpu, **options)
     batches = tuple(_positive_int("batch", batch) for batch in args.batch)
     if args.json:
         data = {"model": geometry_summary(g), "source": g.source, **b.to_dict()}

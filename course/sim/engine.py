@@ -74,6 +74,13 @@ class _Request:
         self.queried_tokens = 0
         self.error: str | None = None
 
+    def start_run(self, step: int) -> None:
+        """Begin a new run of consecutive token steps at ``step``, closing the current one (if any)."""
+        if self.run_start >= 0:
+            self.runs.append(self.run_start)
+            self.runs.append(self.last_step)
+        self.run_start = step
+
     def token_steps(self) -> np.ndarray:
         bounds = self.runs + ([self.run_start, self.last_step] if self.run_start >= 0 else [])
         if not bounds:
@@ -197,10 +204,7 @@ def _sample(r: _Request, step: int) -> bool:
     r.generated += 1
     r.num_tokens += 1
     if r.last_step != step - 1:
-        if r.run_start >= 0:
-            r.runs.append(r.run_start)
-            r.runs.append(r.last_step)
-        r.run_start = step
+        r.start_run(step)
     r.last_step = step
     return r.generated == r.output
 
@@ -270,7 +274,7 @@ class _IterativeRun:
             budget = self._admit_whole_prompts(admitted, budget)
         if not admitted:
             load, budget, preempted = self._schedule_running(budget, finished)
-            if not preempted and not self.prefill_first:  # V1 admits only in steps without preemption
+            if not preempted and not self.prefill_first and self.waiting:  # V1 admits only without preemption
                 self._admit_chunks(admitted, budget)
         if admitted:
             load = self._compute_admitted(admitted, load, finished)
@@ -367,16 +371,23 @@ class _IterativeRun:
         """Give running requests their tokens in admission order and compute them.
 
         Each asks for all its uncomputed tokens (a decode for 1), capped by the long-prefill
-        threshold and the budget left; a request whose tokens cross into a new block gets it from
-        :meth:`_reserve`, which may preempt. Finished requests are appended to ``finished``.
-        Returns (the step's load so far, budget left, whether anything was preempted).
+        threshold and the budget left; a request whose tokens cross into a new block reserves it,
+        and when blocks run out :meth:`_preempt_for` makes room. Finished requests are appended to
+        ``finished``. Returns (the step's load so far, budget left, whether anything was preempted).
+
+        This loop is where the simulator spends its time (once per scheduled token), so it keeps
+        to locals, calls out only at block boundaries and inlines :func:`_sample`.
         """
-        running, threshold, caching, step = self.running, self.threshold, self.caching, self.step
+        threshold, caching, step, bs = self.threshold, self.caching, self.step, self.bs
+        reserve = self.blocks.reserve
+        previous_step = step - 1
         prefill = decode = kv_read = pairs = seqs = 0
         preempted = False
-        index = 0
-        while index < len(running) and budget > 0:
-            r = running[index]
+        # Preemption pops victims off the end of the list; iteration then stops before them, as
+        # the for statement's internal index is checked against the list's current length.
+        for r in self.running:
+            if budget <= 0:
+                break
             c = r.computed
             num_tokens = r.num_tokens
             n = num_tokens - c
@@ -386,10 +397,11 @@ class _IterativeRun:
                 n = budget
             after = c + n
             if after > r.capacity:  # crosses into a new block
-                fits, preempted_now = self._reserve(r, after)
-                preempted = preempted or preempted_now
-                if not fits:
-                    break
+                if not reserve(r.rid, after):
+                    preempted = True
+                    if not self._preempt_for(r, after):
+                        break
+                r.capacity = cdiv(after, bs) * bs
             if caching and r.registered < len(r.hashes):
                 self._register(r, after)
             if n == 1 and r.generated and c == num_tokens - 1:
@@ -401,42 +413,36 @@ class _IterativeRun:
             kv_read += c
             budget -= n
             seqs += 1
-            index += 1
             r.computed = after
             if after == num_tokens:  # caught up: this step samples the next token (_sample, inlined)
                 generated = r.generated + 1
                 r.generated = generated
                 r.num_tokens = num_tokens + 1
-                if r.last_step != step - 1:
-                    if r.run_start >= 0:
-                        r.runs.append(r.run_start)
-                        r.runs.append(r.last_step)
-                    r.run_start = step
+                if r.last_step != previous_step:
+                    r.start_run(step)
                 r.last_step = step
                 if generated == r.output:
                     finished.append(r)
         return (prefill, decode, kv_read, pairs, seqs), budget, preempted
 
-    def _reserve(self, r: _Request, after: int) -> tuple[bool, bool]:
-        """Blocks for ``r`` up to ``after`` tokens, preempting the most recently admitted requests meanwhile.
+    def _preempt_for(self, r: _Request, after: int) -> bool:
+        """Preempt the most recently admitted requests until ``r`` gets blocks for ``after`` tokens.
 
         Preemption is by recompute: the victim's blocks are freed, it forgets its computed tokens
-        and goes to the front of the queue. Returns (whether ``r`` got its blocks, whether anyone
-        was preempted); ``r`` does not get them when it was itself the last one left to preempt.
+        and goes to the front of the queue. Returns whether ``r`` got its blocks; it does not when
+        it was itself the last one left to preempt.
         """
         running, blocks, waiting = self.running, self.blocks, self.waiting
-        preempted = False
-        while not blocks.reserve(r.rid, after):
+        while True:
             victim = running.pop()
             blocks.free(victim.rid)
             victim.computed = victim.capacity = victim.registered = 0
             victim.preempted_steps.append(self.step)
             waiting.appendleft(victim)
-            preempted = True
             if victim is r:
-                return False, True
-        r.capacity = cdiv(after, self.bs) * self.bs
-        return True, preempted
+                return False
+            if blocks.reserve(r.rid, after):
+                return True
 
     def _compute_admitted(
         self, admitted: list[tuple[_Request, int]], load: tuple, finished: list[_Request]
@@ -465,8 +471,8 @@ class _IterativeRun:
         """Free the finished requests' blocks (in the order they finished) and drop them from the batch."""
         for r in finished:
             self.blocks.free(r.rid)
-        done = set(map(id, finished))
-        self.running = [r for r in self.running if id(r) not in done]
+        # A request has finished when it generated all its tokens; none of the others has.
+        self.running = [r for r in self.running if r.generated < r.output]
 
 
 def _run_static(requests: list[_Request], config: SimConfig, cost) -> _Log:

@@ -1,6 +1,7 @@
-"""SIGTERM under load (`course serve` in its own process): every stream ends with an error event and
-[DONE], every non-streaming request gets a 503 with an OpenAI error body, the log has no traceback,
-and the process exits within a bounded time."""
+"""SIGTERM under load (`course serve` in its own process, its engine core in a child process or
+on a thread): every stream ends with an error event and [DONE], every non-streaming request gets
+a 503 with an OpenAI error body, the log has no traceback, and the process exits within a
+bounded time."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from course.serving.background import run_sync
 
@@ -23,11 +25,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_sigterm_under_load_ends_every_request_cleanly(tmp_path):
+@pytest.mark.parametrize("engine_core", ["process", "thread"])
+def test_sigterm_under_load_ends_every_request_cleanly(tmp_path, engine_core):
     port = _free_port()
     log_path = tmp_path / "serve.log"
     command = [sys.executable, "-m", "course.cli", "serve", "--model", "tiny", "--port", str(port)]
-    command += ["--threads", "1", "--max-batch-size", "32", "--log-level", "info"]
+    command += ["--threads", "1", "--max-batch-size", "32", "--log-level", "info", "--engine-core", engine_core]
     base = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

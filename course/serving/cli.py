@@ -58,6 +58,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="answer 503 while this many requests wait (default: no limit)",
     )
     parser.add_argument(
+        "--engine-core",
+        choices=["process", "thread"],
+        default="process",
+        help="process (default): the engine runs in its own process, apart from the API server, as in "
+        "vLLM V1, so serving work overlaps the decode step on a second core; thread: on a thread "
+        "of the server's process (one process; on one core it is a little faster)",
+    )
+    parser.add_argument(
         "--max-request-bytes",
         type=int,
         default=DEFAULT_MAX_REQUEST_BYTES,
@@ -103,6 +111,7 @@ def serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         access_log=args.access_log,
         runner=args.runner,
+        engine_process=args.engine_core == "process",
     )
     if args.access_log:
         handler = logging.StreamHandler()
@@ -116,7 +125,8 @@ def serve(args: argparse.Namespace) -> int:
     engine = app.state.engine
     print(
         f"serving {app.state.model_name} on http://{args.host}:{args.port}/v1 (max batch {engine.max_batch_size}, "
-        f"context {engine.max_model_len} tokens, {engine.runner.name} runner, {torch.get_num_threads()} CPU threads); "
+        f"context {engine.max_model_len} tokens, {engine.runner.name} runner, engine core in a {args.engine_core}, "
+        f"{torch.get_num_threads()} CPU threads); "
         "Ctrl-C stops",
         flush=True,
     )

@@ -32,7 +32,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from course.models import LanguageModel
@@ -62,6 +62,9 @@ class Engine:
             as with vLLM's ``LLMEngine.step()``).
         runner: "auto" (the lean Llama-family runner where it applies, see
             :mod:`course.serving.runner`) or "transformers" (the model's own forward pass).
+        on_events: where each step's ``(request, TokenEvent)`` pairs go; default
+            :func:`~course.serving.request.deliver` (to each request's consumer).
+            :mod:`course.serving.engine_process` sends them to another process instead.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class Engine:
         max_prefill_tokens: int = 512,
         background: bool = True,
         runner: str = "auto",
+        on_events: Callable[[list[tuple[EngineRequest, TokenEvent]]], None] = deliver,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -93,6 +97,7 @@ class Engine:
         self._thread_lock = threading.Lock()
         self._background = background
         self._pending: list[tuple[EngineRequest, TokenEvent]] = []  # events to deliver after this step
+        self._on_events = on_events
 
         # Counters (read from any thread; written by the engine thread).
         self.steps = 0  # decode steps run
@@ -111,17 +116,7 @@ class Engine:
 
         Consume the events with ``for`` (plain code, any thread) or ``async for`` (a coroutine).
         """
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise ValueError("the prompt must contain at least one token")
-        if len(prompt_ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"context of {self.max_model_len} tokens"
-            )
-        vocab = self.lm.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        prompt_ids = checked_prompt(prompt_ids, params, self.max_model_len, self.lm.vocab_size)
         request = EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params)
         self.scheduler.add(request)
         self._ensure_started()
@@ -362,13 +357,29 @@ class Engine:
         """Deliver queued events: one wake-up per event loop per step, not one per token."""
         if self._pending:
             pending, self._pending = self._pending, []
-            deliver(pending)
+            self._on_events(pending)
 
     def _fail_everything(self, reason: str) -> None:
         """End every waiting and running request with ``reason`` ("error:..." or "unavailable:...")."""
         for request in self.scheduler.drain() + self._drop(list(range(len(self.batch)))):
             if not request.finished:
                 self._finish(request, reason)
+
+
+def checked_prompt(prompt_ids: Sequence[int], params: SamplingParams, max_model_len: int, vocab_size: int) -> list[int]:
+    """``prompt_ids`` as a list of ints; ValueError if empty, out of the vocabulary, or too long
+    for ``max_model_len`` with ``params.max_tokens`` more."""
+    prompt_ids = [int(t) for t in prompt_ids]
+    if not prompt_ids:
+        raise ValueError("the prompt must contain at least one token")
+    if len(prompt_ids) + params.max_tokens > max_model_len:
+        raise ValueError(
+            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+            f"context of {max_model_len} tokens"
+        )
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+    return prompt_ids
 
 
 def _eos_ids(lm: LanguageModel) -> frozenset[int]:

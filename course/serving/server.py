@@ -346,6 +346,7 @@ def create_app(
     api_key: str | None = None,
     access_log: bool = False,
     runner: str = "auto",
+    engine_process: bool = False,
 ):
     """The reference server as a FastAPI app (run it with uvicorn or :class:`BackgroundServer`).
 
@@ -366,6 +367,9 @@ def create_app(
         api_key: require ``Authorization: Bearer <api_key>`` on the ``/v1`` routes.
         access_log: log one line per request to the ``course.serving.access`` logger.
         runner: the engine's model runner, "auto" or "transformers" (see :class:`Engine`).
+        engine_process: run the engine in a child process
+            (:class:`~course.serving.engine_process.EngineProcess`, as vLLM V1 does) instead of
+            on a thread of this one.
 
     ``app.state.engine`` is the engine; ``app.state.on_server_stop`` holds callbacks that
     :class:`~course.serving.background.BackgroundServer` and ``course serve`` run when the
@@ -376,7 +380,10 @@ def create_app(
             from course.models import load_model
 
             lm = load_model(verbose=False)
-        engine = Engine(
+        engine_class = Engine
+        if engine_process:
+            from course.serving.engine_process import EngineProcess as engine_class
+        engine = engine_class(
             lm,
             max_batch_size=max_batch_size,
             max_model_len=max_model_len,

@@ -1,0 +1,322 @@
+"""The engine in its own process, apart from the API server (vLLM V1's ``EngineCoreProc``).
+
+:class:`Engine` runs its steps on a thread of the server's process. Python's GIL then makes
+the event loop (parsing, detokenizing, writing SSE chunks) and the engine's forward pass take
+turns: every token's serving work is added to the decode step. vLLM V1 runs the engine core in
+a separate process (``vllm/v1/engine/core.py``, ``EngineCoreProc``) that talks to the API server
+over ZMQ sockets (``vllm/v1/engine/core_client.py``), so the two overlap on two cores.
+
+:class:`EngineProcess` does the same with two :mod:`multiprocessing` pipes:
+
+* the API server's side has the interface the server uses from :class:`Engine` (``submit``,
+  ``abort``, ``abort_all``, ``stop``, the counters and ``stats()``); its requests are the same
+  :class:`~course.serving.request.EngineRequest` objects, consumed with ``for`` or ``async for``;
+* the engine core (:func:`_engine_core`, in a ``spawn``-ed child) owns an
+  ``Engine(background=False)`` and steps it; each iteration's token events go back as one
+  message, with a snapshot of the engine's counters at most every ``STATS_INTERVAL_S`` and
+  whenever the engine falls idle;
+* one reader thread on the server's side hands the events to their requests' consumers.
+
+The model is passed to the child by pickling: torch moves its tensors to shared memory, so
+the weights are not copied. If the core process dies, every open request ends with a 500 error
+event; after :meth:`EngineProcess.stop`, with a 503, as with :class:`Engine`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any, NamedTuple
+
+import torch.multiprocessing  # noqa: F401  registers torch's pickling of tensors into shared memory
+
+from course.models import LanguageModel
+from course.serving.engine import Engine, checked_prompt
+from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver
+from course.serving.sampler import SamplingParams
+
+STATS_INTERVAL_S = 0.05  # the engine's counters reach the API server at least this often while busy
+START_TIMEOUT_S = 300.0  # loading torch, transformers and the course in a fresh process takes seconds
+
+
+class RunnerName(NamedTuple):
+    """What the API server knows of the core's runner (``engine.runner.name``)."""
+
+    name: str
+
+
+class EngineProcess:
+    """A continuous-batching :class:`Engine` running in a child process; same arguments, same use.
+
+    Args:
+        lm: the model and tokenizer (the tokenizer stays here for the server; the weights are
+            shared with the child, not copied).
+        max_batch_size, max_model_len, max_prefill_tokens, runner: as for :class:`Engine`.
+        start_timeout: seconds to wait for the child to build its engine.
+
+    Raises:
+        RuntimeError: the engine core could not start (its error is in the message).
+    """
+
+    def __init__(
+        self,
+        lm: LanguageModel,
+        max_batch_size: int = 64,
+        max_model_len: int | None = None,
+        max_prefill_tokens: int = 512,
+        runner: str = "auto",
+        start_timeout: float = START_TIMEOUT_S,
+    ) -> None:
+        import torch
+
+        self.lm = lm
+        engine_args = dict(
+            max_batch_size=max_batch_size,
+            max_model_len=max_model_len,
+            max_prefill_tokens=max_prefill_tokens,
+            runner=runner,
+        )
+        context = multiprocessing.get_context("spawn")  # fork is unsafe after torch threads or CUDA
+        core_commands, self._commands = context.Pipe(duplex=False)
+        self._outputs, core_outputs = context.Pipe(duplex=False)
+        self.process = context.Process(
+            target=_engine_core,
+            args=(lm, engine_args, torch.get_num_threads(), core_commands, core_outputs),
+            name="course-engine-core",
+            daemon=True,  # never outlives the server
+        )
+        self.process.start()
+        # Our copies of the child's ends: closed, so that the child's exit shows here as EOF.
+        core_commands.close()
+        core_outputs.close()
+        ready = None
+        if multiprocessing.connection.wait([self._outputs, self.process.sentinel], start_timeout):
+            ready = self._receive_or_none() if self._outputs.poll() else None
+        if not ready or ready[0] != "ready":
+            self.process.kill()
+            self.process.join(5)
+            if ready:
+                reason = ready[1]
+            elif self.process.exitcode not in (None, -signal.SIGKILL):
+                # spawn runs the main script again in the child: unguarded, it starts a server there too
+                reason = (
+                    f"it exited with code {self.process.exitcode} before it was ready (in a script, start "
+                    "servers under `if __name__ == '__main__':`, as multiprocessing's spawn needs)"
+                )
+            else:
+                reason = f"no answer within {start_timeout:.0f} s"
+            raise RuntimeError(f"the engine core process did not start: {reason}")
+        info = ready[1]
+        self.max_batch_size: int = info["max_batch_size"]
+        self.max_model_len: int = info["max_model_len"]
+        self.runner = RunnerName(info["runner"])
+        self.last_error: str | None = None
+        self._stats: dict[str, Any] = info["stats"]
+        self._open: dict[str, EngineRequest] = {}  # submitted and not finished, by request id
+        self._lock = threading.Lock()  # guards _open, _stats and the command pipe
+        self._ids = itertools.count()
+        self._stopping = False
+        self._reader = threading.Thread(target=self._read_outputs, name="course-engine-output", daemon=True)
+        self._reader.start()
+
+    # --- the interface of Engine that the server uses -------------------------------------------
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> EngineRequest:
+        """Queue a request in the core; iterate over the returned request to receive its tokens."""
+        prompt_ids = checked_prompt(prompt_ids, params, self.max_model_len, self.lm.vocab_size)
+        request = EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params)
+        with self._lock:
+            if self._stopping or not self.process.is_alive():
+                raise EngineStopped("the engine is shut down")
+            self._open[request.request_id] = request
+            self._send(("add", request.request_id, prompt_ids, params))
+        return request
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """Stop a request; takes effect before the core's next decode step. Unknown ids are ignored."""
+        with self._lock:
+            if request_id in self._open:
+                self._send(("abort", request_id, reason))
+
+    def abort_all(self, reason: str = "the server is shutting down") -> None:
+        """Fail every waiting and running request with an error event of status 503."""
+        with self._lock:
+            self._send(("abort_all", reason))
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        """Generate synchronously (from plain code, not inside an event loop); returns the token ids."""
+        request = self.submit(prompt_ids, params)
+        for event in request:
+            if event.error:
+                raise RuntimeError(event.error)
+        return list(request.output_ids)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort everything (503 error events), refuse new requests, and end the core process.
+
+        ``timeout=0`` only tells the core to stop (for a signal handler); otherwise wait up to
+        ``timeout`` s for it, then kill it.
+        """
+        with self._lock:
+            if not self._stopping:
+                self._stopping = True
+                self._send(("stop",))
+        if timeout:
+            self.process.join(timeout)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+            self._reader.join(timeout)
+
+    @property
+    def num_running(self) -> int:
+        with self._lock:
+            return sum(1 for request in self._open.values() if request.output_ids)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests sent to the core that have no token yet (known here at once, not from a snapshot)."""
+        with self._lock:
+            return sum(1 for request in self._open.values() if not request.output_ids)
+
+    @property
+    def num_unfinished(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def cache_tokens(self) -> int:
+        """Token slots held by the core's batch cache, as of its last snapshot."""
+        return self._stats.get("cache_tokens", 0)
+
+    def stats(self) -> dict[str, Any]:
+        """The core's counters (as of its last snapshot, at most ``STATS_INTERVAL_S`` old while it
+        is busy and fresh when it is idle), with this side's running/waiting counts."""
+        running, waiting, unfinished = self.num_running, self.num_waiting, self.num_unfinished
+        return {
+            **self._stats,
+            "running": running,
+            "waiting": waiting,
+            "unfinished": unfinished,
+            "engine_process": self.process.pid,
+        }
+
+    # --- this side's reader thread ----------------------------------------------------------------
+
+    def _send(self, message: tuple) -> None:
+        """Send a command to the core (caller holds the lock); a core that is gone is left to the reader."""
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            self._commands.send(message)
+
+    def _receive_or_none(self) -> tuple | None:
+        try:
+            return self._outputs.recv()
+        except (EOFError, OSError):
+            return None
+
+    def _read_outputs(self) -> None:
+        """Hand each message's events to their requests until the core exits; then fail what is open."""
+        while (message := self._receive_or_none()) is not None:
+            events, stats = message
+            pending = []
+            now = time.perf_counter()
+            with self._lock:
+                for request_id, event in events:
+                    request = self._open.get(request_id)
+                    if request is None:
+                        continue
+                    if event.token is not None:
+                        request.output_ids.append(event.token)
+                        if request.first_token_time is None:
+                            request.first_token_time = now
+                    if event.finish_reason is not None:
+                        request.finish_reason, request.error = event.finish_reason, event.error
+                        del self._open[request_id]
+                    pending.append((request, event))
+                if stats is not None:
+                    self._stats = stats
+            deliver(pending)
+        self.process.join(5)
+        if self._stopping:
+            event = TokenEvent(None, "error", "the engine is shut down", 503)
+        else:
+            self.last_error = f"the engine core process exited (exit code {self.process.exitcode})"
+            event = TokenEvent(None, "error", self.last_error, 500)
+        with self._lock:
+            self._stopping = True
+            left, self._open = list(self._open.values()), {}
+        for request in left:
+            request.finish_reason, request.error = event.finish_reason, event.error
+        deliver([(request, event) for request in left])
+
+    def __repr__(self) -> str:
+        state = "running" if self.process.is_alive() else f"exited ({self.process.exitcode})"
+        return f"EngineProcess(pid {self.process.pid}, {state}, {self.num_unfinished} requests open)"
+
+
+def _engine_core(lm: LanguageModel, engine_args: dict, threads: int, commands: Connection, outputs: Connection) -> None:
+    """The child: build an ``Engine(background=False)`` and step it, taking commands in between."""
+    import torch
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server decides
+    torch.set_num_threads(threads)
+    outbox: list[tuple[str, TokenEvent]] = []
+
+    def collect(pending: list[tuple[EngineRequest, TokenEvent]]) -> None:
+        outbox.extend((request.request_id, event) for request, event in pending)
+
+    try:
+        engine = Engine(lm, background=False, on_events=collect, **engine_args)
+    except Exception as err:  # a bad argument or a model the runner cannot run: say so to the server
+        outputs.send(("failed", f"{type(err).__name__}: {err}"))
+        return
+    info = {"max_batch_size": engine.max_batch_size, "max_model_len": engine.max_model_len}
+    outputs.send(("ready", {**info, "runner": engine.runner.name, "stats": engine.stats()}))
+    stats_sent = time.monotonic()
+    stopping = stopped = False
+    while not stopped:
+        try:
+            # Idle: block until a command comes. Busy (or stopping): take the commands that came, then step.
+            while not stopping and commands.poll(0 if engine.num_unfinished else None):
+                stopping = _apply(engine, commands.recv(), collect)
+        except (EOFError, OSError):  # the server is gone
+            engine.stop()
+            stopping = True
+        stopped = engine.step()
+        idle = engine.num_unfinished == 0
+        now = time.monotonic()
+        stats = None
+        if idle or stopped or now - stats_sent >= STATS_INTERVAL_S:
+            stats, stats_sent = engine.stats(), now
+        if outbox or stats is not None:
+            try:
+                outputs.send((outbox, stats))
+            except (BrokenPipeError, OSError):
+                return
+            outbox = []
+
+
+def _apply(engine: Engine, command: tuple, collect) -> bool:
+    """Carry out one command from the server; True if it was "stop"."""
+    kind = command[0]
+    if kind == "add":
+        _, request_id, prompt_ids, params = command
+        try:
+            engine.submit(prompt_ids, params, request_id=request_id)
+        except (ValueError, EngineStopped) as err:  # checked on the server's side already; never crash the core
+            status = 503 if isinstance(err, EngineStopped) else 500
+            collect([(EngineRequest(request_id, [], params), TokenEvent(None, "error", str(err), status))])
+    elif kind == "abort":
+        engine.abort(command[1], command[2])
+    elif kind == "abort_all":
+        engine.abort_all(command[1])
+    elif kind == "stop":
+        engine.stop()
+        return True
+    return False

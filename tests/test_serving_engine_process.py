@@ -1,0 +1,134 @@
+"""The engine core in its own process (EngineProcess): same tokens as the in-process engine, aborts,
+stop and a dying core end every request with an error event, counters reach the server, and the
+server runs on it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
+
+from course.serving.background import BackgroundServer, run_sync
+from course.serving.engine import Engine, EngineStopped, SamplingParams
+from course.serving.engine_process import EngineProcess
+from course.serving.server import create_app
+from course.serving.testing import chatty_tiny_model
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return chatty_tiny_model(seed=3)
+
+
+@pytest.fixture(scope="module")
+def core(lm):
+    engine = EngineProcess(lm, max_batch_size=8)
+    yield engine
+    engine.stop()
+
+
+def _prompts(lm, n: int) -> list[list[int]]:
+    return [lm.random_ids(1, 5 + 3 * i, seed=i)[0].tolist() for i in range(n)]
+
+
+def test_same_tokens_as_the_in_process_engine(lm, core):
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    here = Engine(lm, max_batch_size=8)
+    try:
+        expected = [here.generate(prompt, params) for prompt in _prompts(lm, 3)]
+    finally:
+        here.stop()
+    assert [core.generate(prompt, params) for prompt in _prompts(lm, 3)] == expected
+    assert len({tuple(tokens) for tokens in expected}) > 1  # the prompts lead to different text
+
+    async def together():  # continuous batching in the core, consumed with async for
+        async def one(prompt):
+            return [event.token async for event in core.submit(prompt, params)]
+
+        return await asyncio.gather(*(one(prompt) for prompt in _prompts(lm, 3)))
+
+    assert run_sync(together(), timeout=60) == expected
+
+
+def test_seeded_sampling_crosses_the_process_boundary(lm, core):
+    prompt = _prompts(lm, 1)[0]
+    sampled = [core.generate(prompt, SamplingParams(max_tokens=16, temperature=1.5, seed=s)) for s in (1, 1, 2)]
+    assert sampled[0] == sampled[1] != sampled[2]
+
+
+def test_abort_ends_a_long_request_and_the_core_keeps_serving(lm, core):
+    request = core.submit(_prompts(lm, 1)[0], SamplingParams(max_tokens=3000, ignore_eos=True))
+    events = iter(request)
+    for _ in range(3):
+        assert next(events).token is not None
+    core.abort(request.request_id)
+    rest = list(events)
+    assert rest[-1].finish_reason == "abort" and rest[-1].token is None
+    assert len(rest) < 50, f"{len(rest)} more events after the abort"
+    assert core.generate(_prompts(lm, 1)[0], SamplingParams(max_tokens=4, ignore_eos=True))
+
+
+def test_counters_come_back_from_the_core(lm, core):
+    before = core.stats()
+    core.generate(_prompts(lm, 1)[0], SamplingParams(max_tokens=10, ignore_eos=True))
+    after = core.stats()  # the core sends a snapshot as soon as it falls idle
+    assert after["tokens_generated"] - before["tokens_generated"] == 10
+    assert after["steps"] - before["steps"] == 9  # one token from the prefill, nine decode steps
+    assert after["running"] == after["waiting"] == after["unfinished"] == 0
+    assert after["engine_process"] == core.process.pid and after["runner"] == "llama"
+
+
+def test_stop_fails_open_requests_with_503_and_refuses_new_ones(lm):
+    engine = EngineProcess(lm)
+    request = engine.submit(_prompts(lm, 1)[0], SamplingParams(max_tokens=3000, ignore_eos=True))
+    events = iter(request)
+    next(events)
+    engine.stop()
+    last = list(events)[-1]
+    assert last.finish_reason == "error" and last.status == 503, last
+    assert engine.process.exitcode == 0
+    with pytest.raises(EngineStopped):
+        engine.submit([1, 2, 3], SamplingParams(max_tokens=2))
+
+
+def test_a_core_that_dies_fails_open_requests_with_500(lm):
+    engine = EngineProcess(lm)
+    request = engine.submit(_prompts(lm, 1)[0], SamplingParams(max_tokens=3000, ignore_eos=True))
+    events = iter(request)
+    next(events)
+    engine.process.kill()
+    last = list(events)[-1]
+    assert last.finish_reason == "error" and last.status == 500, last
+    assert "exited" in last.error and "exit code -9" in last.error
+    assert engine.last_error == last.error
+    with pytest.raises(EngineStopped):
+        engine.submit([1, 2, 3], SamplingParams(max_tokens=2))
+    engine.stop()
+
+
+def test_a_core_that_cannot_start_says_why(lm):
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not start: ValueError: max_batch_size must be >= 1"):
+        EngineProcess(lm, max_batch_size=0)
+    assert time.monotonic() - started < 60
+
+
+def test_the_server_streams_from_the_core_process(lm):
+    app = create_app(lm, model_name="m", engine_process=True, max_batch_size=4)
+    assert isinstance(app.state.engine, EngineProcess)
+    with BackgroundServer(app) as server:
+        body = {"model": "m", "prompt": "hello", "max_tokens": 6, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            lines = [line[5:].strip() for line in response.iter_lines() if line.startswith("data:")]
+        assert response.status_code == 200 and lines[-1] == "[DONE]"
+        chunks = [json.loads(line) for line in lines[:-1]]
+        assert len(chunks) == 6 and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        health = httpx.get(server.url + "/health", timeout=10).json()
+        assert health["engine_process"] == app.state.engine.process.pid and health["tokens_generated"] == 6
+        metrics = httpx.get(server.url + "/metrics", timeout=10).text
+        assert 'vllm:generation_tokens_total{engine="0",model_name="m"} 6.0' in metrics
+    assert not app.state.engine.process.is_alive()

@@ -1,8 +1,10 @@
 """Start, pin and stop server and client processes for the benchmarks (shared by serving.py and
 sim_fidelity.py).
 
-On 2 cores the load client competes with the server for the CPU, so the server runs on core 0 and
-the client on core 1, each with one thread (peers.md, "Benchmarking fairly on 2 cores").
+On 2 cores the load client competes with the server for the CPU, so the client runs on core 1 with
+one thread (peers.md, "Benchmarking fairly on 2 cores"). A server runs on core 0 alone
+(``SERVER_CORE``), or on both cores (``WHOLE_MACHINE``: as an operator runs it, the machine is
+the server's, less what the client takes of core 1), with one math thread either way.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ import urllib.request
 from typing import IO
 
 SERVER_CORE, CLIENT_CORE = 0, 1
+WHOLE_MACHINE = "0,1"
 
 
-def pinned(core: int, command: list[str]) -> list[str]:
-    """``command`` under ``taskset -c core`` when taskset exists and the machine has that core."""
-    if shutil.which("taskset") and (os.cpu_count() or 1) > core:
-        return ["taskset", "-c", str(core), *command]
+def pinned(cores: int | str, command: list[str]) -> list[str]:
+    """``command`` under ``taskset -c cores`` (a core, or a list such as "0,1") when taskset exists
+    and the machine has those cores."""
+    highest = max(int(core) for core in str(cores).split(","))
+    if shutil.which("taskset") and (os.cpu_count() or 1) > highest:
+        return ["taskset", "-c", str(cores), *command]
     return list(command)
 
 
@@ -40,14 +45,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(command: list[str], ready_url: str, log: IO, timeout: float = 120) -> subprocess.Popen:
-    """Start a server pinned to SERVER_CORE and wait until ``ready_url`` answers 200.
+def start_server(
+    command: list[str], ready_url: str, log: IO, timeout: float = 120, cores: int | str = SERVER_CORE
+) -> subprocess.Popen:
+    """Start a server pinned to ``cores`` and wait until ``ready_url`` answers 200.
 
     Raises RuntimeError (with the tail of the log) if it exits or does not answer in time.
     """
-    process = subprocess.Popen(
-        pinned(SERVER_CORE, command), env=single_thread_env(), stdout=log, stderr=subprocess.STDOUT
-    )
+    process = subprocess.Popen(pinned(cores, command), env=single_thread_env(), stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -1,16 +1,19 @@
 """Benchmark module 2's serving stack: the batched engine vs one-at-a-time vs `transformers serve`.
 
-Everything runs on this machine in one go, the server pinned to core 0 and the load client
-(`course bench`) to core 1, each with one thread (OMP_NUM_THREADS=1, as peers.md recommends for
-fair numbers on 2 cores). Printed:
+Everything runs on this machine in one go. The load client (`course bench`) is pinned to core 1 and
+every server gets the whole machine (cores 0-1, less what the client takes), each with one math
+thread (OMP_NUM_THREADS=1, as peers.md recommends for fair numbers on 2 cores). Printed:
 
-1. the raw in-process decode step of the tiny model (batch 1 and 16, KV cache, 64-token prompt) with
-   each of the engine's two model runners (`course.serving.runner`: the lean Llama runner the server
-   uses, and the transformers forward pass), and the server's ITL p50 at concurrency 1 over the lean
-   runner's step (target <= 1.10x);
-2. throughput, TTFT p50, ITL p50 and TPOT p50 at concurrency 1, 4, 16 for the course server with
-   continuous batching (max batch 64), the same server one request at a time (max batch 1), and the
-   same server on the transformers forward pass (`--runner transformers`: what the lean runner buys)
+1. the raw in-process decode step of the tiny model (batch 1 and 16, KV cache, 64-token prompt, core 0,
+   one thread) with each of the engine's two model runners (`course.serving.runner`: the lean Llama
+   runner the server uses, and the transformers forward pass), measured again beside every
+   single-stream run, and the server's ITL p50 at concurrency 1 over the lean runner's step
+   (target <= 1.10x);
+2. throughput, TTFT p50, ITL p50 and TPOT p50 at concurrency 1, 4, 16 for the course server as
+   `course serve` runs it (continuous batching, max batch 64, the engine core in its own process), the
+   same server one request at a time (max batch 1), on the transformers forward pass (`--runner
+   transformers`: what the lean runner buys), and with the engine on a thread of the server's process
+   (`--engine-core thread`), on both cores and on core 0 alone (what the separate process buys)
    (target at 16: >= 3x throughput with ITL p50 <= 2x the single-stream ITL p50);
 3. the same workload against `transformers serve --continuous-batching` running the same tiny model
    saved with `course tiny-model`, its KV cache capped as peers.md explains (target at 16: >= 1.5x its
@@ -39,7 +42,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from _processes import CLIENT_CORE, SERVER_CORE, free_port, pinned, single_thread_env, start_server, stop
+from _processes import CLIENT_CORE, SERVER_CORE, WHOLE_MACHINE, free_port, pinned, single_thread_env, start_server, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_BENCH = '.venv/bin/pip install -c requirements/constraints.txt -e ".[dev,bench]"'
@@ -127,12 +130,14 @@ def engine_counters(url: str) -> tuple[int, float] | None:
     return health["steps"], health["steps"] * health["mean_decode_step_ms"] / 1e3
 
 
-def run_server(name: str, command: list[str], model: str, args: argparse.Namespace, port: int) -> dict:
+def run_server(
+    name: str, command: list[str], model: str, args: argparse.Namespace, port: int, cores: str = WHOLE_MACHINE
+) -> dict:
     url = f"http://127.0.0.1:{port}"
     results = {}
     with tempfile.TemporaryFile("w+") as log:
         try:
-            process = start_server(command, url + "/v1/models", log)
+            process = start_server(command, url + "/v1/models", log, cores=cores)
         except RuntimeError as err:
             print(f"  {name}: {err}", flush=True)
             return results
@@ -224,15 +229,18 @@ def main(argv: list[str] | None = None) -> int:
 
     servers = {}
     course_serve = [str(BIN / "course"), "serve", "--model", "tiny", "--threads", "1"]
+    thread = ["--max-batch-size", "64", "--engine-core", "thread"]
     course_servers = (
-        ("course, continuous batching", ["--max-batch-size", "64"]),
-        ("course, one at a time", ["--max-batch-size", "1"]),
-        ("course, transformers runner", ["--max-batch-size", "64", "--runner", "transformers"]),
+        ("course, continuous batching", ["--max-batch-size", "64"], WHOLE_MACHINE),
+        ("course, one at a time", ["--max-batch-size", "1"], WHOLE_MACHINE),
+        ("course, transformers runner", ["--max-batch-size", "64", "--runner", "transformers"], WHOLE_MACHINE),
+        ("course, engine on a thread", thread, WHOLE_MACHINE),
+        ("course, engine on a thread, core 0 only", thread, str(SERVER_CORE)),
     )
-    for label, options in course_servers:
+    for label, options, cores in course_servers:
         port = free_port()
         command = course_serve + ["--port", str(port), *options]
-        servers[label] = run_server(label, command, "course-tiny-llama", args, port)
+        servers[label] = run_server(label, command, "course-tiny-llama", args, port, cores)
     transformers_cli = shutil.which("transformers", path=str(BIN)) or shutil.which("transformers")
     missing = [name for name in ("accelerate", "rich") if importlib.util.find_spec(name) is None]
     if args.skip_transformers:
@@ -305,6 +313,16 @@ def main(argv: list[str] | None = None) -> int:
             f"at concurrency {top}: batched throughput {speedup:.2f}x one-at-a-time (target >= 3x): "
             f"{verdict(speedup >= 3)}; ITL p50 {itl_ratio:.2f}x single-stream (target <= 2x): {verdict(itl_ratio <= 2)}"
         )
+    for label in ("course, engine on a thread", "course, engine on a thread, core 0 only"):
+        threaded = servers.get(label, {})
+        if one in batched and one in threaded and top in batched and top in threaded:
+            itl = median_of(batched[one], "itl", "p50_s") / median_of(threaded[one], "itl", "p50_s")
+            tokens = [median_of(runs[top], "output_throughput_tok_s") for runs in (batched, threaded)]
+            gain = tokens[0] / tokens[1]
+            print(
+                f"engine core in its own process vs {label.removeprefix('course, ')}: single-stream ITL p50 "
+                f"{itl:.2f}x, tokens/s at concurrency {top} {gain:.2f}x"
+            )
     lean_vs_hf = servers.get("course, transformers runner", {})
     if top in batched and top in lean_vs_hf:
         gain = median_of(batched[top], "output_throughput_tok_s") / median_of(

@@ -1,7 +1,8 @@
 """Does the simulator predict a real server? (issue 4: TTFT and ITL p50/p95 within 10 % / 15 %.)
 
-1. Starts module 2's reference server, ``course serve`` (the tiny model, one CPU thread, pinned to
-   core 0), and drives it with ``course bench`` pinned to core 1, as peers.md recommends.
+1. Starts module 2's reference server, ``course serve`` (the tiny model, one CPU thread, its engine
+   on a thread, ``--engine-core thread``, pinned to core 0), and drives it with ``course bench``
+   pinned to core 1, as peers.md recommends.
 2. **Calibration** from separate microbenchmarks, each a small controlled ``course bench`` run:
    prefill: one request at a time with prompts of 16..512 tokens and 2 output tokens (median TTFT);
    decode: closed-loop waves of 1, 4 and 16 requests with 32- and 256-token prompts (median TPOT,
@@ -48,8 +49,10 @@ TARGETS = {"p50": 0.10, "p95": 0.15}
 
 
 def start_course_server(port: int, max_batch_size: int, max_prefill_tokens: int, log: IO):
+    # The engine on a thread of the server, all on core 0: the server the simulator was fitted to.
     command = [sys.executable, "-m", "course.cli", "serve", "--port", str(port), "--threads", "1",
-               "--max-batch-size", str(max_batch_size), "--max-prefill-tokens", str(max_prefill_tokens)]  # fmt: skip
+               "--max-batch-size", str(max_batch_size), "--max-prefill-tokens", str(max_prefill_tokens),
+               "--engine-core", "thread"]  # fmt: skip
     return start_server(command, f"http://127.0.0.1:{port}/health", log)
 
 

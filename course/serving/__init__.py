@@ -5,6 +5,8 @@
   waiting queue, aborts, the admission rule), ``batch_cache`` (the left-padded batch KV cache),
   ``sampler`` (``SamplingParams`` and the per-row sampler), ``request`` (a request and its events),
   ``runner`` (one forward pass: a lean Llama-family runner, or the ``transformers`` model's own).
+* :mod:`course.serving.engine_process`: ``EngineProcess``, the same engine in a child process
+  (vLLM V1's engine core), which ``course serve`` uses by default.
 * :mod:`course.serving.server`: ``create_app()``, the FastAPI server (completions, chat,
   models, health, Prometheus metrics) with vLLM's SSE framing, 400 errors and abort on disconnect;
   :mod:`course.serving.protocol` validates requests and formats responses.
@@ -22,6 +24,7 @@ import importlib
 
 _EXPORTS = {
     "Engine": "engine",
+    "EngineProcess": "engine_process",
     "SamplingParams": "sampler",
     "create_app": "server",
     "BackgroundServer": "background",

@@ -2,9 +2,10 @@
 
 :class:`Engine` runs its steps on a thread of the server's process. Python's GIL then makes
 the event loop (parsing, detokenizing, writing SSE chunks) and the engine's forward pass take
-turns: every token's serving work is added to the decode step. vLLM V1 runs the engine core in
-a separate process (``vllm/v1/engine/core.py``, ``EngineCoreProc``) that talks to the API server
-over ZMQ sockets (``vllm/v1/engine/core_client.py``), so the two overlap on two cores.
+turns: every token's serving work is added to the decode step. vLLM V1 (0.11) runs the engine
+core in a separate process by default (``VLLM_ENABLE_V1_MULTIPROCESSING=1`` in ``vllm/envs.py``;
+``EngineCoreProc`` in ``vllm/v1/engine/core.py``) that talks to the API server over ZMQ sockets
+(``AsyncMPClient`` in ``vllm/v1/engine/core_client.py``), so the two overlap on two cores.
 
 :class:`EngineProcess` does the same with two :mod:`multiprocessing` pipes:
 

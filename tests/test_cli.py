@@ -49,3 +49,12 @@ def test_console_scripts_are_installed(command):
     bin_dir = __import__("pathlib").Path(sys.executable).parent
     result = subprocess.run([str(bin_dir / command[0]), *command[1:]], capture_output=True, text=True)
     assert result.returncode == 0 and "usage:" in result.stdout
+
+
+@pytest.mark.parametrize(("engine_core", "code"), [("process", 1), ("thread", 2)])
+def test_course_serve_bad_argument_is_a_clear_error(engine_core, code, capsys):
+    argv = ["serve", "--model", "tiny", "--max-batch-size", "0", "--engine-core", engine_core, "--threads", "1"]
+    assert course_main(argv) == code
+    err = capsys.readouterr().err
+    assert err.startswith("course serve: error: ") and "max_batch_size must be >= 1" in err, err
+    assert "Traceback" not in err

@@ -14,7 +14,7 @@ from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread i
 
 from course.serving.background import BackgroundServer, run_sync
 from course.serving.engine import Engine, EngineStopped, SamplingParams
-from course.serving.engine_process import EngineProcess
+from course.serving.engine_process import EngineProcess, EngineStartError
 from course.serving.server import create_app
 from course.serving.testing import chatty_tiny_model
 
@@ -115,6 +115,17 @@ def test_a_core_that_cannot_start_says_why(lm):
     with pytest.raises(RuntimeError, match="did not start: ValueError: max_batch_size must be >= 1"):
         EngineProcess(lm, max_batch_size=0)
     assert time.monotonic() - started < 60
+
+
+def test_no_room_to_share_the_weights_says_what_to_do(lm, monkeypatch):
+    import multiprocessing.context
+
+    def full(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", full)
+    with pytest.raises(EngineStartError, match=r"No space left.*--shm-size.*--engine-core thread"):
+        EngineProcess(lm)
 
 
 def test_the_server_streams_from_the_core_process(lm):

@@ -89,6 +89,7 @@ def serve(args: argparse.Namespace) -> int:
     from course.env import QUIET_ENV
     from course.models import PROSE_NAME, TINY_NAME, load_model
     from course.serving.background import uvicorn_server
+    from course.serving.engine_process import EngineStartError
     from course.serving.server import access_logger, create_app
 
     for key, value in QUIET_ENV.items():
@@ -98,21 +99,25 @@ def serve(args: argparse.Namespace) -> int:
     name = {"tiny": TINY_NAME, "prose": PROSE_NAME}.get(args.model, args.model)
     lm = load_model(name, device=args.device, seed=args.seed, allow_hub=None if name is None else True)
     aliases = (args.model,) if args.model not in (None, "tiny", "prose", lm.name) else ()
-    app = create_app(
-        lm,
-        model_name=args.served_model_name or lm.name,
-        aliases=aliases,
-        max_batch_size=args.max_batch_size,
-        max_model_len=args.max_model_len,
-        max_prefill_tokens=args.max_prefill_tokens,
-        max_request_bytes=args.max_request_bytes,
-        max_waiting_requests=args.max_waiting_requests,
-        default_max_tokens=args.default_max_tokens or None,
-        api_key=args.api_key,
-        access_log=args.access_log,
-        runner=args.runner,
-        engine_process=args.engine_core == "process",
-    )
+    try:
+        app = create_app(
+            lm,
+            model_name=args.served_model_name or lm.name,
+            aliases=aliases,
+            max_batch_size=args.max_batch_size,
+            max_model_len=args.max_model_len,
+            max_prefill_tokens=args.max_prefill_tokens,
+            max_request_bytes=args.max_request_bytes,
+            max_waiting_requests=args.max_waiting_requests,
+            default_max_tokens=args.default_max_tokens or None,
+            api_key=args.api_key,
+            access_log=args.access_log,
+            runner=args.runner,
+            engine_process=args.engine_core == "process",
+        )
+    except EngineStartError as err:
+        print(f"course serve: error: {err}", file=sys.stderr)
+        return 1
     if args.access_log:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))

@@ -47,6 +47,10 @@ STATS_INTERVAL_S = 0.05  # the engine's counters reach the API server at least t
 START_TIMEOUT_S = 300.0  # loading torch, transformers and the course in a fresh process takes seconds
 
 
+class EngineStartError(RuntimeError):
+    """The engine core process could not be started (the message says why and what to do)."""
+
+
 class RunnerName(NamedTuple):
     """What the API server knows of the core's runner (``engine.runner.name``)."""
 
@@ -63,7 +67,7 @@ class EngineProcess:
         start_timeout: seconds to wait for the child to build its engine.
 
     Raises:
-        RuntimeError: the engine core could not start (its error is in the message).
+        EngineStartError: the engine core could not start (its error is in the message).
     """
 
     def __init__(
@@ -93,7 +97,14 @@ class EngineProcess:
             name="course-engine-core",
             daemon=True,  # never outlives the server
         )
-        self.process.start()
+        try:
+            self.process.start()  # pickles the model: its tensors move to shared memory here
+        except (OSError, RuntimeError) as err:
+            raise EngineStartError(
+                f"the engine core process could not start: {err}. The model's weights reach it through "
+                "shared memory (/dev/shm): in a container give it more (docker run --shm-size 2g), or "
+                "keep the engine in this process (course serve --engine-core thread)"
+            ) from None
         # Our copies of the child's ends: closed, so that the child's exit shows here as EOF.
         core_commands.close()
         core_outputs.close()
@@ -113,7 +124,7 @@ class EngineProcess:
                 )
             else:
                 reason = f"no answer within {start_timeout:.0f} s"
-            raise RuntimeError(f"the engine core process did not start: {reason}")
+            raise EngineStartError(f"the engine core process did not start: {reason}")
         info = ready[1]
         self.max_batch_size: int = info["max_batch_size"]
         self.max_model_len: int = info["max_model_len"]

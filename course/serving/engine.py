@@ -37,7 +37,7 @@ from typing import Any
 
 from course.models import LanguageModel
 from course.serving.batch_cache import BatchCache
-from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver
+from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver, wait_for_tokens
 from course.serving.runner import runner_for
 from course.serving.sampler import Sampler, SamplingParams
 from course.serving.scheduler import Schedule, Scheduler
@@ -135,11 +135,7 @@ class Engine:
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
         """Generate synchronously (from plain code, not inside an event loop); returns the token ids."""
-        request = self.submit(prompt_ids, params)
-        for event in request:
-            if event.error:
-                raise RuntimeError(event.error)
-        return list(request.output_ids)
+        return wait_for_tokens(self.submit(prompt_ids, params))
 
     def stop(self, timeout: float = 10.0) -> None:
         """Abort everything, refuse new requests, and stop the engine thread (waiting ``timeout`` s for it)."""

@@ -40,7 +40,7 @@ import torch.multiprocessing  # noqa: F401  registers torch's pickling of tensor
 
 from course.models import LanguageModel
 from course.serving.engine import Engine, checked_prompt
-from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver
+from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver, wait_for_tokens
 from course.serving.sampler import SamplingParams
 
 STATS_INTERVAL_S = 0.05  # the engine's counters reach the API server at least this often while busy
@@ -164,11 +164,7 @@ class EngineProcess:
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
         """Generate synchronously (from plain code, not inside an event loop); returns the token ids."""
-        request = self.submit(prompt_ids, params)
-        for event in request:
-            if event.error:
-                raise RuntimeError(event.error)
-        return list(request.output_ids)
+        return wait_for_tokens(self.submit(prompt_ids, params))
 
     def stop(self, timeout: float = 10.0) -> None:
         """Abort everything (503 error events), refuse new requests, and end the core process.

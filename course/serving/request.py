@@ -95,6 +95,15 @@ def deliver(pending: list[tuple[EngineRequest, TokenEvent]]) -> None:
             loop.call_soon_threadsafe(_put_all, items)
 
 
+def wait_for_tokens(request: EngineRequest) -> list[int]:
+    """Consume ``request``'s events in plain code (not inside an event loop) until it finishes;
+    return its token ids. RuntimeError if it ended with an error."""
+    for event in request:
+        if event.error:
+            raise RuntimeError(event.error)
+    return list(request.output_ids)
+
+
 def _put_all(items: list) -> None:
     for async_queue, event in items:
         async_queue.put_nowait(event)

@@ -138,8 +138,12 @@ def test_the_server_streams_from_the_core_process(lm):
         assert response.status_code == 200 and lines[-1] == "[DONE]"
         chunks = [json.loads(line) for line in lines[:-1]]
         assert len(chunks) == 6 and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        body = {"model": "m", "prompt": "hi", "max_tokens": 3, "logprobs": 2, "temperature": 0, "ignore_eos": True}
+        reply = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()  # logprobs cross over
+        logprobs = reply["choices"][0]["logprobs"]
+        assert len(logprobs["token_logprobs"]) == 3 and all(len(top) == 2 for top in logprobs["top_logprobs"])
         health = httpx.get(server.url + "/health", timeout=10).json()
-        assert health["engine_process"] == app.state.engine.process.pid and health["tokens_generated"] == 6
+        assert health["engine_process"] == app.state.engine.process.pid and health["tokens_generated"] == 9
         metrics = httpx.get(server.url + "/metrics", timeout=10).text
-        assert 'vllm:generation_tokens_total{engine="0",model_name="m"} 6.0' in metrics
+        assert 'vllm:generation_tokens_total{engine="0",model_name="m"} 9.0' in metrics
     assert not app.state.engine.process.is_alive()

@@ -82,6 +82,14 @@ def test_counters_come_back_from_the_core(lm, core):
     assert after["engine_process"] == core.process.pid and after["runner"] == "llama"
 
 
+def test_bad_prompts_are_refused_here_before_the_core_sees_them(lm, core):
+    with pytest.raises(ValueError, match="exceeds the context"):
+        core.submit([1, 2], SamplingParams(max_tokens=core.max_model_len))
+    with pytest.raises(ValueError, match="token ids must be in"):
+        core.submit([lm.vocab_size], SamplingParams(max_tokens=2))
+    assert core.num_unfinished == 0
+
+
 def test_stop_fails_open_requests_with_503_and_refuses_new_ones(lm):
     engine = EngineProcess(lm)
     request = engine.submit(_prompts(lm, 1)[0], SamplingParams(max_tokens=3000, ignore_eos=True))

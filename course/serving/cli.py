@@ -63,7 +63,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default="process",
         help="process (default): the engine runs in its own process, apart from the API server, as in "
         "vLLM V1, so serving work overlaps the decode step on a second core; thread: on a thread "
-        "of the server's process (one process; on one core it is a little faster)",
+        "of the server's process (one process; with one core nothing overlaps, so it gains nothing there)",
     )
     parser.add_argument(
         "--max-request-bytes",

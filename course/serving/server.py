@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -63,6 +63,9 @@ from course.serving.protocol import (
     parse_json_body,
     sse_event,
 )
+
+if TYPE_CHECKING:
+    from course.serving.engine_process import EngineProcess
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 access_logger = logging.getLogger("course.serving.access")
@@ -334,7 +337,7 @@ def _same(given: bytes | None, expected: bytes) -> bool:
 def create_app(
     lm: LanguageModel | None = None,
     *,
-    engine: Engine | None = None,
+    engine: Engine | EngineProcess | None = None,
     model_name: str | None = None,
     aliases: tuple[str, ...] = (),
     max_batch_size: int = 64,
@@ -353,7 +356,8 @@ def create_app(
     Args:
         lm: the model (default: ``course.load_model()``'s choice for this runtime); ignored
             when ``engine`` is given.
-        engine: an engine to serve (tests pass their own to look inside it).
+        engine: an engine to serve (tests pass their own to look inside it): an :class:`Engine`,
+            or an :class:`~course.serving.engine_process.EngineProcess`.
         model_name: the id clients send as ``model`` (default: the model's name).
         aliases: more ids accepted as ``model`` (e.g. a local path, as ``transformers serve``).
         max_batch_size: requests decoded together (1 = one request at a time).

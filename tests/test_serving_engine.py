@@ -53,6 +53,50 @@ def test_batched_greedy_output_equals_one_at_a_time(lm64, max_batch_size):
     assert stats["cache_tokens"] == 0 and stats["unfinished"] == 0
 
 
+@pytest.mark.parametrize("with_a_sampled_row", [False, True])
+def test_rows_joining_a_batch_that_decoded_alone_by_hand(lm64, with_a_sampled_row):
+    # A decodes alone first (no padding: the engine skips its length bookkeeping then, and feeds
+    # the argmax tensor straight back); B (shorter) and C (longer than the cache) join it later.
+    # A sampled row makes the engine build the next inputs from a list instead.
+    engine = Engine(lm64, background=False)
+    prompts = {"a": list(range(10, 17)), "b": list(range(40, 44)), "c": list(range(100, 130))}
+    lengths = {"a": 20, "b": 6, "c": 9}
+    params = {name: SamplingParams(max_tokens=n, ignore_eos=True) for name, n in lengths.items()}
+    requests = {"a": engine.submit(prompts["a"], params["a"])}
+    for _ in range(6):
+        engine.step()
+    requests["b"] = engine.submit(prompts["b"], params["b"])
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=5)
+    if with_a_sampled_row:
+        requests["sampled"] = engine.submit(list(range(60, 66)), sampled)
+    for _ in range(3):
+        engine.step()
+    requests["c"] = engine.submit(prompts["c"], params["c"])
+    while engine.num_unfinished:
+        engine.step()
+    sampled_row = requests.pop("sampled", None)
+    for name, request in requests.items():
+        assert request.output_ids == greedy_reference(lm64, prompts[name], lengths[name]), name
+    assert engine.cache_tokens() == 0
+    if sampled_row is not None:  # it continued from its own draws, not the batch's argmax
+        alone = Engine(lm64, background=False)
+        request = alone.submit(list(range(60, 66)), sampled)
+        while alone.num_unfinished:
+            alone.step()
+        assert sampled_row.output_ids == request.output_ids
+
+
+def test_a_row_leaving_an_unpadded_batch_by_hand(lm64):
+    # Same prompt lengths: no padding, so lengths are not kept up to date step by step; the row
+    # that leaves first must not take real cache columns of the other with it.
+    engine = Engine(lm64, background=False)
+    prompts, lengths = [list(range(10, 22)), list(range(50, 62))], [4, 12]
+    requests = [engine.submit(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, lengths)]
+    while engine.num_unfinished:
+        engine.step()
+    assert [r.output_ids for r in requests] == [greedy_reference(lm64, p, n) for p, n in zip(prompts, lengths)]
+
+
 def test_one_at_a_time_mode_never_batches(lm64):
     prompts, outputs = _workload(4, seed=1)
     engine = Engine(lm64, max_batch_size=1)

@@ -58,13 +58,17 @@ class BatchCache:
             kwargs["position_ids"] = self.lengths.unsqueeze(1)
         return self.next, kwargs
 
-    def advance(self, cache, tokens: list[int]) -> None:
-        """After a decode step: the grown cache, and each row's next input token."""
+    def advance(self, cache, tokens) -> None:
+        """After a decode step: the grown cache, and each row's next input token (a list of ints,
+        or already a ``(rows, 1)`` tensor on the cache's device)."""
         import torch
 
         self.cache = cache
-        self.lengths += 1
-        self.next = torch.tensor(tokens, dtype=torch.long, device=self.next.device).unsqueeze(1)
+        if self.padded:  # unpadded, every row holds ``width`` tokens: _sync_lengths() catches up
+            self.lengths += 1
+        if isinstance(tokens, list):
+            tokens = torch.tensor(tokens, dtype=torch.long, device=self.next.device).unsqueeze(1)
+        self.next = tokens
 
     def join(self, prompt_cache, keep: list[int], lengths: list[int], tokens: list[int], requests: list) -> None:
         """Add rows ``keep`` of a prefill's cache (for ``requests[i]``, i in keep) to the batch."""
@@ -78,6 +82,7 @@ class BatchCache:
         new_width = new_layers[0][0].shape[-2]
         new_lengths = torch.tensor(lengths, dtype=torch.long, device=self.device)
         new_next = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(1)
+        self._sync_lengths()
         if self.cache is None:
             self.cache = prompt_cache
             for layer, (k, v) in zip(self.cache.layers, new_layers):
@@ -101,6 +106,7 @@ class BatchCache:
             return []
         import torch
 
+        self._sync_lengths()
         leaving = set(rows)
         dropped = [self.rows[i] for i in rows]
         keep = [i for i in range(len(self.rows)) if i not in leaving]
@@ -119,6 +125,14 @@ class BatchCache:
             layer.values = layer.values.index_select(0, index)[:, :, trim:, :]
         self._update_padding()
         return dropped
+
+    def _sync_lengths(self) -> None:
+        """Bring ``lengths`` up to date: decode steps skip it while no row is padded (each row then
+        holds ``width`` tokens), which saves a tensor operation per step."""
+        import torch
+
+        if self.lengths is not None and not self.padded:
+            self.lengths = torch.full_like(self.lengths, self.width)
 
     def _update_padding(self) -> None:
         self.padded = bool((self.lengths != self.width).any())

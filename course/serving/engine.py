@@ -219,7 +219,8 @@ class Engine:
             self._fail_everything("unavailable:the engine is shut down")
             return True
         started = time.perf_counter()
-        self._apply_aborts(plan)
+        if plan.aborts:
+            self._apply_aborts(plan)
         if plan.admitted:
             start = time.perf_counter()
             self._guarded(self._prefill, plan.admitted)
@@ -269,7 +270,7 @@ class Engine:
             kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
         logits, prompt_cache = self.runner(ids.to(device), self.runner.new_cache(), **kwargs)
         self.prefills += 1
-        tokens, logprobs = self._sample(logits[:, -1, :], requests)
+        tokens, logprobs, _ = self._sample(logits[:, -1, :], requests)
         now = time.perf_counter()
         keep = []
         for row, (request, token) in enumerate(zip(requests, tokens)):
@@ -286,28 +287,32 @@ class Engine:
         logits, grown = self.runner(next_ids, self.batch.cache, **kwargs)
         self.steps += 1
         self.batch_size_sum += len(rows)
-        tokens, logprobs = self._sample(logits[:, -1, :], rows)
+        tokens, logprobs, next_ids = self._sample(logits[:, -1, :], rows)
         leaving = []
         for row, (request, token) in enumerate(zip(rows, tokens)):
             if request.abort_requested_step is not None:
                 request.steps_after_abort += 1
             if token is None or self._emit(request, token, logprobs[row]):
                 leaving.append(row)
-        self.batch.advance(grown, [self.pad_token_id if t is None else t for t in tokens])  # failed rows leave
+        if next_ids is None:  # some row sampled (or failed, and leaves now): build the next inputs
+            next_ids = [self.pad_token_id if t is None else t for t in tokens]
+        self.batch.advance(grown, next_ids)
         self._drop(leaving)  # free the cache before the finished requests hear about it
         self._flush()
 
-    def _sample(self, logits, requests: list[EngineRequest]) -> tuple[list[int | None], list]:
-        """(next tokens, logprobs or None per row) of ``requests`` (logits: (rows, vocab)); a row
-        whose sampling failed is failed here, alone, and gets None."""
-        tokens = self.sampler(logits, requests)
-        for i, (request, token) in enumerate(zip(requests, tokens)):
-            if isinstance(token, Exception):
-                self._finish(request, f"error:sampling failed: {type(token).__name__}: {token}")
-                tokens[i] = None
+    def _sample(self, logits, requests: list[EngineRequest]) -> tuple[list[int | None], list, Any]:
+        """(next tokens, logprobs or None per row, the tokens as a (rows, 1) tensor or None) of
+        ``requests`` (logits: (rows, vocab)); a row whose sampling failed is failed here, alone,
+        and gets None."""
+        tokens, as_tensor = self.sampler(logits, requests)
+        if as_tensor is None:  # only rows that did not take the argmax can have failed
+            for i, (request, token) in enumerate(zip(requests, tokens)):
+                if isinstance(token, Exception):
+                    self._finish(request, f"error:sampling failed: {type(token).__name__}: {token}")
+                    tokens[i] = None
         if any(r.params.logprobs is not None for r in requests):
-            return tokens, self.sampler.logprobs(logits, requests, tokens)
-        return tokens, [None] * len(requests)
+            return tokens, self.sampler.logprobs(logits, requests, tokens), as_tensor
+        return tokens, [None] * len(requests), as_tensor
 
     def _emit(self, request: EngineRequest, token: int, logprobs: tuple | None = None) -> bool:
         """Record a token and queue its event; True when the request is finished."""

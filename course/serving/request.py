@@ -15,8 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from course.serving.sampler import SamplingParams
 
@@ -25,9 +24,9 @@ class EngineStopped(RuntimeError):
     """The engine was shut down while a request was waiting or running."""
 
 
-@dataclass(frozen=True)
-class TokenEvent:
-    """What the engine hands a request after a step.
+class TokenEvent(NamedTuple):
+    """What the engine hands a request after a step (a named tuple: one is made for every token,
+    and a named tuple is about three times quicker to make than a frozen dataclass).
 
     ``token`` is the new token id (None for an event without a token: an abort or an error).
     ``finish_reason`` is set on the request's last event: "stop" (end-of-sequence or a stop
@@ -84,11 +83,18 @@ class EventSink:
 
 
 def deliver(pending: list[tuple[EngineRequest, TokenEvent]]) -> None:
-    """Engine thread: hand each event to its request's sink, one wake-up per event loop."""
+    """Hand each event to its request's sink: one wake-up per event loop, and none for the loop
+    this runs on (the engine core process's events are read on the server's loop)."""
+    try:
+        here = asyncio.get_running_loop()
+    except RuntimeError:  # the engine thread, or a reader thread
+        here = None
     by_loop: dict[Any, list] = {}
     for request, event in pending:
         loop = request.sink.route(event)
-        if loop is not None:
+        if loop is here is not None:
+            request.sink.async_queue.put_nowait(event)
+        elif loop is not None:
             by_loop.setdefault(loop, []).append((request.sink.async_queue, event))
     for loop, items in by_loop.items():
         with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more

@@ -111,20 +111,27 @@ class Sampler:
 
     ``requests`` are objects with ``params`` (:class:`SamplingParams`), ``prompt_ids`` and
     ``output_ids`` (the penalties read them) and a ``generator`` attribute the sampler keeps the
-    request's seeded ``torch.Generator`` in. Returns one int per row, or the exception that
-    sampling that row raised.
+    request's seeded ``torch.Generator`` in.
     """
 
-    def __call__(self, logits, requests: Sequence[Any]) -> list[int | Exception]:
-        """logits: (rows, vocab) of the last position of each row."""
-        tokens: list[int | Exception] = logits.argmax(-1).tolist()
+    def __call__(self, logits, requests: Sequence[Any]) -> tuple[list[int | Exception], Any]:
+        """logits: (rows, vocab) of the last position of each row.
+
+        Returns one int per row (or the exception that sampling that row raised), and the tokens
+        as a ``(rows, 1)`` tensor when every row took the batch's argmax (else None): the engine
+        then feeds that tensor straight into the next decode step instead of building a new one.
+        """
+        greedy = logits.argmax(-1, keepdim=True)
+        tokens: list[int | Exception] = greedy.view(-1).tolist()
+        all_greedy = True
         for row, request in enumerate(requests):
             if not request.params.plain_greedy:
+                all_greedy = False
                 try:
                     tokens[row] = self.sample_row(logits[row], request)
                 except Exception as err:  # a bad request fails alone (see the module docstring)
                     tokens[row] = err
-        return tokens
+        return tokens, greedy if all_greedy else None
 
     @staticmethod
     def logprobs(logits, requests: Sequence[Any], tokens: Sequence[int | Exception | None]) -> list:

@@ -91,6 +91,10 @@ class Scheduler:
 
     def schedule(self, num_running: int, block: bool = True) -> Schedule:
         """The next iteration's plan; with ``block``, wait until there is something to do."""
+        if num_running and not (self.waiting or self.aborts or self.stopping):
+            # The common decode-only iteration: nothing to take, so no lock (reading a deque's or a
+            # dict's length is atomic; a request added meanwhile is taken by the next iteration).
+            return Schedule()
         with self.lock:
             while block and not (self.waiting or num_running or self.aborts or self.stopping):
                 self.lock.wait()

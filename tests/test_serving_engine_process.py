@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -154,4 +155,7 @@ def test_the_server_streams_from_the_core_process(lm):
         assert health["engine_process"] == app.state.engine.process.pid and health["tokens_generated"] == 9
         metrics = httpx.get(server.url + "/metrics", timeout=10).text
         assert 'vllm:generation_tokens_total{engine="0",model_name="m"} 9.0' in metrics
+        # the server's event loop reads the core's pipe itself: no reader thread for this core
+        reader = f"course-engine-output-{app.state.engine.process.pid}"
+        assert reader not in {thread.name for thread in threading.enumerate()}
     assert not app.state.engine.process.is_alive()

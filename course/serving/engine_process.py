@@ -16,7 +16,10 @@ core in a separate process by default (``VLLM_ENABLE_V1_MULTIPROCESSING=1`` in `
   ``Engine(background=False)`` and steps it; each iteration's token events go back as one
   message, with a snapshot of the engine's counters at most every ``STATS_INTERVAL_S`` and
   whenever the engine falls idle;
-* one reader thread on the server's side hands the events to their requests' consumers.
+* on the server's side, the event loop reads the core's pipe itself (``loop.add_reader``, once
+  the server calls :meth:`EngineProcess.read_outputs_on`, as vLLM's ``AsyncMPClient`` reads its
+  ZMQ socket in an asyncio task) and puts each event straight into its stream's queue; used from
+  plain code, a reader thread does it instead.
 
 The model is passed to the child by pickling: torch moves its tensors to shared memory, so
 the weights are not copied. If the core process dies, every open request ends with a 500 error
@@ -25,6 +28,7 @@ event; after :meth:`EngineProcess.stop`, with a 503, as with :class:`Engine`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import multiprocessing
@@ -135,8 +139,9 @@ class EngineProcess:
         self._lock = threading.Lock()  # guards _open, _stats and the command pipe
         self._ids = itertools.count()
         self._stopping = False
-        self._reader = threading.Thread(target=self._read_outputs, name="course-engine-output", daemon=True)
-        self._reader.start()
+        self._reader: threading.Thread | None = None  # reads the core's pipe when no event loop does
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop that reads it instead
+        self._gone = False  # the core's pipe reached its end and what was open is failed
 
     # --- the interface of Engine that the server uses -------------------------------------------
 
@@ -147,9 +152,26 @@ class EngineProcess:
         with self._lock:
             if self._stopping or not self.process.is_alive():
                 raise EngineStopped("the engine is shut down")
+            if self._loop is None and self._reader is None:
+                name = f"course-engine-output-{self.process.pid}"
+                self._reader = threading.Thread(target=self._read_outputs, name=name, daemon=True)
+                self._reader.start()
             self._open[request.request_id] = request
             self._send(("add", request.request_id, prompt_ids, params))
         return request
+
+    def read_outputs_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the core's events on ``loop`` (call it from that loop, before the first request).
+
+        Each message is then read, and its events put into their streams' queues, in one callback
+        of the loop: no reader thread, no thread switch and no second wake-up per token. Requests
+        may still be submitted and consumed from other threads.
+        """
+        with self._lock:
+            if self._reader is not None or self._loop is not None:
+                raise RuntimeError("read_outputs_on() must come before the first request, and only once")
+            self._loop = loop
+        loop.add_reader(self._outputs.fileno(), self._read_one_on_loop)
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         """Stop a request; takes effect before the core's next decode step. Unknown ids are ignored."""
@@ -176,12 +198,20 @@ class EngineProcess:
             if not self._stopping:
                 self._stopping = True
                 self._send(("stop",))
-        if timeout:
-            self.process.join(timeout)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(5)
+        if not timeout:
+            return
+        if self._loop is not None and self._reads_here():
+            # The loop that reads the pipe is this thread (a server's shutdown): read the core's
+            # last events here while it exits, since the loop cannot run its callback meanwhile.
+            self._read_until_end(time.monotonic() + timeout)
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        if self._reader is not None:
             self._reader.join(timeout)
+        elif self._loop is not None and self._reads_here():
+            self._read_until_end(time.monotonic() + 5)
 
     @property
     def num_running(self) -> int:
@@ -215,7 +245,7 @@ class EngineProcess:
             "engine_process": self.process.pid,
         }
 
-    # --- this side's reader thread ----------------------------------------------------------------
+    # --- reading the core's events: on the event loop, or on a reader thread ----------------------
 
     def _send(self, message: tuple) -> None:
         """Send a command to the core (caller holds the lock); a core that is gone is left to the reader."""
@@ -229,27 +259,68 @@ class EngineProcess:
             return None
 
     def _read_outputs(self) -> None:
-        """Hand each message's events to their requests until the core exits; then fail what is open."""
+        """The reader thread: hand each message's events to their requests until the core exits."""
         while (message := self._receive_or_none()) is not None:
-            events, stats = message
-            pending = []
-            now = time.perf_counter()
-            with self._lock:
-                for request_id, event in events:
-                    request = self._open.get(request_id)
-                    if request is None:
-                        continue
-                    if event.token is not None:
-                        request.output_ids.append(event.token)
-                        if request.first_token_time is None:
-                            request.first_token_time = now
-                    if event.finish_reason is not None:
-                        request.finish_reason, request.error = event.finish_reason, event.error
-                        del self._open[request_id]
-                    pending.append((request, event))
-                if stats is not None:
-                    self._stats = stats
-            deliver(pending)
+            self._handle(message)
+        self._core_gone()
+
+    def _read_one_on_loop(self) -> None:
+        """The event loop's callback when the pipe is readable: one message (the loop calls again
+        while more are waiting)."""
+        message = self._receive_or_none()
+        if message is None:
+            self._loop.remove_reader(self._outputs.fileno())
+            self._core_gone()
+        else:
+            self._handle(message)
+
+    def _reads_here(self) -> bool:
+        """Whether this thread may read the pipe in the event loop's place: it is the loop's own
+        thread, or the loop no longer runs."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        return running is self._loop or not self._loop.is_running()
+
+    def _read_until_end(self, deadline: float) -> None:
+        """Read and hand over messages until the core's pipe ends (the core exited) or ``deadline``."""
+        if self._gone:
+            return
+        while (left := deadline - time.monotonic()) > 0 and self._outputs.poll(left):
+            message = self._receive_or_none()
+            if message is None:
+                with contextlib.suppress(Exception):  # the loop may be closed already
+                    self._loop.remove_reader(self._outputs.fileno())
+                self._core_gone()
+                return
+            self._handle(message)
+
+    def _handle(self, message: tuple) -> None:
+        """One message from the core: its events to their requests, and its counter snapshot."""
+        events, stats = message
+        pending = []
+        now = time.perf_counter()
+        with self._lock:
+            for request_id, event in events:
+                request = self._open.get(request_id)
+                if request is None:
+                    continue
+                if event.token is not None:
+                    request.output_ids.append(event.token)
+                    if request.first_token_time is None:
+                        request.first_token_time = now
+                if event.finish_reason is not None:
+                    request.finish_reason, request.error = event.finish_reason, event.error
+                    del self._open[request_id]
+                pending.append((request, event))
+            if stats is not None:
+                self._stats = stats
+        deliver(pending)
+
+    def _core_gone(self) -> None:
+        """The core's pipe ended: fail every open request (503 after stop(), else 500)."""
+        self._gone = True
         self.process.join(5)
         if self._stopping:
             event = TokenEvent(None, "error", "the engine is shut down", 503)

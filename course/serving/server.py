@@ -412,6 +412,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        read_outputs_on = getattr(engine, "read_outputs_on", None)
+        if read_outputs_on is not None:  # an EngineProcess: its events are read on this loop
+            read_outputs_on(asyncio.get_running_loop())
         yield
         engine.stop()
         tokenizer_thread.shutdown(wait=False, cancel_futures=True)

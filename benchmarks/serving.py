@@ -8,7 +8,9 @@ thread (OMP_NUM_THREADS=1, as peers.md recommends for fair numbers on 2 cores). 
    one thread) with each of the engine's two model runners (`course.serving.runner`: the lean Llama
    runner the server uses, and the transformers forward pass), measured again beside every
    single-stream run, and the server's ITL p50 at concurrency 1 over the lean runner's step
-   (target <= 1.10x);
+   (target <= 1.10x); then the same ratio finely interleaved (--pairs times: the raw step, 64
+   steps in a process kept running on core 0, then one request to the server; the median of the
+   per-pair ratios), which cancels the machine's drift from one second to the next;
 2. throughput, TTFT p50, ITL p50 and TPOT p50 at concurrency 1, 4, 16 for the course server as
    `course serve` runs it (continuous batching, max batch 64, the engine core in its own process), the
    same server one request at a time (max batch 1), on the transformers forward pass (`--runner
@@ -72,6 +74,30 @@ for name in ("transformers", "auto"):
 print(json.dumps(out))
 """
 
+# The same measurement in a process that stays up: one line "batch prompt steps" in, the median
+# step (s) of a fresh prefill followed by that many decode steps out.
+RAW_STEP_SERVICE = """
+import statistics, sys, time, torch
+torch.set_num_threads(1)
+from course.models import build_tiny_model
+from course.serving.runner import runner_for
+lm = build_tiny_model()
+runner = runner_for(lm.model, "auto")
+print("ready", flush=True)
+for trial, line in enumerate(sys.stdin):
+    batch, prompt, count = (int(x) for x in line.split())
+    steps = []
+    with torch.inference_mode():
+        logits, cache = runner(lm.random_ids(batch, prompt, seed=trial % 5), runner.new_cache())
+        token = logits[:, -1:].argmax(-1)
+        for _ in range(count):
+            start = time.perf_counter()
+            logits, cache = runner(token, cache)
+            token = logits[:, -1:].argmax(-1)
+            steps.append(time.perf_counter() - start)
+    print(statistics.median(steps), flush=True)
+"""
+
 
 def bench(url: str, model: str, concurrency: int, args: argparse.Namespace) -> dict:
     command = [
@@ -118,6 +144,60 @@ def raw_decode_step(args: argparse.Namespace) -> dict[str, float]:
     return json.loads(done.stdout)
 
 
+def interleaved_pairs(url: str, model: str, args: argparse.Namespace) -> list[tuple[float, float]]:
+    """``args.pairs`` times: the raw batch-1 step (s, median of ``args.output_tokens`` steps, in a
+    process kept running on the server's core), then one streamed request from this process on
+    the client's core and its ITL p50 (s). The server is idle while the raw step runs."""
+    import asyncio
+
+    import httpx
+
+    from course.serving.client import default_prompt_builder, request_payload, stream_request
+
+    raw = subprocess.Popen(
+        pinned(SERVER_CORE, [sys.executable, "-c", RAW_STEP_SERVICE]),
+        env=single_thread_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    if affinity is not None and CLIENT_CORE in affinity:
+        os.sched_setaffinity(0, {CLIENT_CORE})
+
+    def raw_step() -> float:
+        raw.stdin.write(f"1 {args.prompt_tokens} {args.output_tokens}\n")
+        raw.stdin.flush()
+        return float(raw.stdout.readline())
+
+    async def run() -> list[tuple[float, float]]:
+        prompts = default_prompt_builder()
+        pairs = []
+        async with httpx.AsyncClient(timeout=120) as client:
+            for i in range(args.pairs + 2):  # the first two warm the connection and the server up
+                prompt = prompts.make(args.prompt_tokens, seed=i)
+                payload = request_payload(model, prompt, args.output_tokens, "completions", False, True, None)
+                step = raw_step()
+                trace = await stream_request(client, url + "/v1/completions", payload, str(i), args.prompt_tokens)
+                gaps = [b - a for a, b in zip(trace.chunk_times, trace.chunk_times[1:])]
+                if trace.error or not gaps:
+                    raise RuntimeError(f"interleaved request {i} failed: {trace.error or 'fewer than 2 chunks'}")
+                if i >= 2:
+                    pairs.append((step, statistics.median(gaps)))
+        return pairs
+
+    try:
+        if raw.stdout.readline().strip() != "ready":
+            raise RuntimeError("the raw-step process did not start")
+        return asyncio.run(run())
+    finally:
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
+        raw.stdin.close()
+        raw.wait(30)
+
+
 def engine_counters(url: str) -> tuple[int, float] | None:
     """(decode steps, seconds in decode steps) from the course server's /health; None for other servers."""
     try:
@@ -131,7 +211,13 @@ def engine_counters(url: str) -> tuple[int, float] | None:
 
 
 def run_server(
-    name: str, command: list[str], model: str, args: argparse.Namespace, port: int, cores: str = WHOLE_MACHINE
+    name: str,
+    command: list[str],
+    model: str,
+    args: argparse.Namespace,
+    port: int,
+    cores: str = WHOLE_MACHINE,
+    interleave: bool = False,
 ) -> dict:
     url = f"http://127.0.0.1:{port}"
     results = {}
@@ -158,6 +244,8 @@ def run_server(
                         results.setdefault("engine_step", []).append(step)
                 results[concurrency] = runs
                 print(f"  {name:40s} concurrency {concurrency:2d}: " + describe(runs), flush=True)
+                if interleave and concurrency == min(args.concurrency) and args.pairs:
+                    results["pairs"] = interleaved_pairs(url, model, args)
         except RuntimeError as err:
             log.seek(0)
             print(f"  {name}: {err}\n{log.read()[-1500:]}", flush=True)
@@ -197,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--requests-per-worker", type=int, default=4)
+    parser.add_argument(
+        "--pairs", type=int, default=40, help="interleaved (raw step, single request) pairs (default 40; 0: none)"
+    )
     parser.add_argument("--skip-transformers", action="store_true", help="do not benchmark transformers serve")
     args = parser.parse_args(argv)
     if args.quick:
@@ -240,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, options, cores in course_servers:
         port = free_port()
         command = course_serve + ["--port", str(port), *options]
-        servers[label] = run_server(label, command, "course-tiny-llama", args, port, cores)
+        interleave = label == course_servers[0][0]  # the server the single-stream target is about
+        servers[label] = run_server(label, command, "course-tiny-llama", args, port, cores, interleave)
     transformers_cli = shutil.which("transformers", path=str(BIN)) or shutil.which("transformers")
     missing = [name for name in ("accelerate", "rich") if importlib.util.find_spec(name) is None]
     if args.skip_transformers:
@@ -278,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     print("---|---|---|---|---|---")
     for name, by_level in servers.items():
         for concurrency, runs in by_level.items():
-            if concurrency in ("raw", "engine_step"):
+            if concurrency in ("raw", "engine_step", "pairs"):
                 continue
             print(
                 f"{name} | {concurrency} | {median_of(runs, 'output_throughput_tok_s'):.0f} | "
@@ -306,6 +398,17 @@ def main(argv: list[str] | None = None) -> int:
                     f"ITL p50 at concurrency {one} / {label} ({step * 1e3:.2f} ms, median of {len(steps)}): "
                     f"{itl / step:.2f}x (target <= 1.10x): {verdict(itl / step <= 1.10)}"
                 )
+        pairs = batched.get("pairs")
+        if pairs:
+            ratios = sorted(itl / step for step, itl in pairs)
+            low, high = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
+            ratio = statistics.median(ratios)
+            raw_ms, itl_ms = (statistics.median(pair[k] for pair in pairs) * 1e3 for k in (0, 1))
+            print(
+                f"single-stream ITL p50 / raw lean-runner step, interleaved ({len(pairs)} pairs; raw "
+                f"{raw_ms:.2f} ms, ITL {itl_ms:.2f} ms medians): median of the per-pair ratios {ratio:.2f}x, "
+                f"quartiles {low:.2f}-{high:.2f} (target <= 1.10x): {verdict(ratio <= 1.10)}"
+            )
     if top in batched and top in serial and one in batched:
         speedup = median_of(batched[top], "output_throughput_tok_s") / median_of(serial[top], "output_throughput_tok_s")
         itl_ratio = median_of(batched[top], "itl", "p50_s") / median_of(batched[one], "itl", "p50_s")

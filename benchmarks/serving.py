@@ -50,53 +50,54 @@ ROOT = Path(__file__).resolve().parents[1]
 INSTALL_BENCH = '.venv/bin/pip install -c requirements/constraints.txt -e ".[dev,bench]"'
 BIN = Path(sys.executable).parent
 
-RAW_STEP = """
-import json, statistics, time, torch
+# The raw decode step, run in its own process pinned to the server's core: a prefill of ``prompt``
+# tokens for ``batch`` rows, then ``count`` decode steps, each timed (s).
+RAW_STEP_SETUP = """
+import json, statistics, sys, time, torch
 torch.set_num_threads(1)
 from course.models import build_tiny_model
 from course.serving.runner import runner_for
 lm = build_tiny_model()
-out = {}
-for name in ("transformers", "auto"):
-    runner = runner_for(lm.model, name)
-    for batch in (1, 16):
-        steps = []
-        for trial in range(3):
-            with torch.inference_mode():
-                logits, cache = runner(lm.random_ids(batch, PROMPT, seed=trial), runner.new_cache())
-                token = logits[:, -1:].argmax(-1)
-                for _ in range(STEPS):
-                    start = time.perf_counter()
-                    logits, cache = runner(token, cache)
-                    token = logits[:, -1:].argmax(-1)
-                    steps.append(time.perf_counter() - start)
-        out[f"{runner.name}/{batch}"] = statistics.median(steps)
-print(json.dumps(out))
-"""
 
-# The same measurement in a process that stays up: one line "batch prompt steps" in, the median
-# step (s) of a fresh prefill followed by that many decode steps out.
-RAW_STEP_SERVICE = """
-import statistics, sys, time, torch
-torch.set_num_threads(1)
-from course.models import build_tiny_model
-from course.serving.runner import runner_for
-lm = build_tiny_model()
-runner = runner_for(lm.model, "auto")
-print("ready", flush=True)
-for trial, line in enumerate(sys.stdin):
-    batch, prompt, count = (int(x) for x in line.split())
+def decode_steps(runner, batch, prompt, count, seed):
     steps = []
     with torch.inference_mode():
-        logits, cache = runner(lm.random_ids(batch, prompt, seed=trial % 5), runner.new_cache())
+        logits, cache = runner(lm.random_ids(batch, prompt, seed=seed), runner.new_cache())
         token = logits[:, -1:].argmax(-1)
         for _ in range(count):
             start = time.perf_counter()
             logits, cache = runner(token, cache)
             token = logits[:, -1:].argmax(-1)
             steps.append(time.perf_counter() - start)
-    print(statistics.median(steps), flush=True)
+    return steps
 """
+
+# Both runners at batch 1 and 16: the median step of three prefills, as JSON.
+RAW_STEP = (
+    RAW_STEP_SETUP
+    + """
+out = {}
+for name in ("transformers", "auto"):
+    runner = runner_for(lm.model, name)
+    for batch in (1, 16):
+        steps = [s for trial in range(3) for s in decode_steps(runner, batch, PROMPT, STEPS, trial)]
+        out[f"{runner.name}/{batch}"] = statistics.median(steps)
+print(json.dumps(out))
+"""
+)
+
+# The same measurement in a process that stays up: one line "batch prompt steps" in, the median
+# step (s) of a fresh prefill followed by that many decode steps out.
+RAW_STEP_SERVICE = (
+    RAW_STEP_SETUP
+    + """
+runner = runner_for(lm.model, "auto")
+print("ready", flush=True)
+for trial, line in enumerate(sys.stdin):
+    batch, prompt, count = (int(x) for x in line.split())
+    print(statistics.median(decode_steps(runner, batch, prompt, count, trial % 5)), flush=True)
+"""
+)
 
 
 def bench(url: str, model: str, concurrency: int, args: argparse.Namespace) -> dict:

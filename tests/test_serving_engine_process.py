@@ -159,3 +159,20 @@ def test_the_server_streams_from_the_core_process(lm):
         reader = f"course-engine-output-{app.state.engine.process.pid}"
         assert reader not in {thread.name for thread in threading.enumerate()}
     assert not app.state.engine.process.is_alive()
+
+
+def test_a_core_that_dies_under_the_server_ends_its_streams_with_an_error(lm):
+    # The server's event loop reads the core's pipe: its end must still fail what is open.
+    app = create_app(lm, model_name="m", engine_process=True)
+    with BackgroundServer(app) as server:
+        body = {"model": "m", "prompt": "hello", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))  # it is streaming
+            app.state.engine.process.kill()
+            rest = [line[5:].strip() for line in lines if line.startswith("data:")]
+        assert rest[-1] == "[DONE]"
+        error = json.loads(rest[-2])["error"]
+        assert error["code"] == 500 and "exit code -9" in error["message"], error
+        health = httpx.get(server.url + "/health", timeout=10)
+        assert health.status_code == 200  # the server itself stays up

@@ -200,9 +200,10 @@ class EngineProcess:
                 self._send(("stop",))
         if not timeout:
             return
-        if self._loop is not None and self._reads_here():
-            # The loop that reads the pipe is this thread (a server's shutdown): read the core's
-            # last events here while it exits, since the loop cannot run its callback meanwhile.
+        # When the loop that reads the pipe is this thread (a server's shutdown), it cannot run its
+        # callback meanwhile: read the core's last events here while the core exits.
+        read_here = self._loop is not None and self._reads_here()
+        if read_here:
             self._read_until_end(time.monotonic() + timeout)
         self.process.join(timeout)
         if self.process.is_alive():
@@ -210,7 +211,7 @@ class EngineProcess:
             self.process.join(5)
         if self._reader is not None:
             self._reader.join(timeout)
-        elif self._loop is not None and self._reads_here():
+        elif read_here:  # after a kill: the end of the pipe
             self._read_until_end(time.monotonic() + 5)
 
     @property
@@ -290,7 +291,7 @@ class EngineProcess:
         while (left := deadline - time.monotonic()) > 0 and self._outputs.poll(left):
             message = self._receive_or_none()
             if message is None:
-                with contextlib.suppress(Exception):  # the loop may be closed already
+                with contextlib.suppress(RuntimeError, ValueError):  # the loop may be closed already
                     self._loop.remove_reader(self._outputs.fileno())
                 self._core_gone()
                 return

@@ -92,7 +92,7 @@ def deliver(pending: list[tuple[EngineRequest, TokenEvent]]) -> None:
     by_loop: dict[Any, list] = {}
     for request, event in pending:
         loop = request.sink.route(event)
-        if loop is here is not None:
+        if loop is not None and loop is here:
             request.sink.async_queue.put_nowait(event)
         elif loop is not None:
             by_loop.setdefault(loop, []).append((request.sink.async_queue, event))

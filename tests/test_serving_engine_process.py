@@ -176,3 +176,47 @@ def test_a_core_that_dies_under_the_server_ends_its_streams_with_an_error(lm):
         assert error["code"] == 500 and "exit code -9" in error["message"], error
         health = httpx.get(server.url + "/health", timeout=10)
         assert health.status_code == 200  # the server itself stays up
+
+
+def test_every_field_of_an_event_crosses_the_process_boundary(lm, core):
+    # The core sends events as plain tuples; the server rebuilds them. Logprobs, top alternatives,
+    # finish reasons and errors must arrive as the in-process engine makes them.
+    params = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=2)
+    prompt = _prompts(lm, 1)[0]
+    here = Engine(lm, max_batch_size=8)
+    try:
+        expected = list(here.submit(prompt, params))
+    finally:
+        here.stop()
+    got = list(core.submit(prompt, params))
+    assert [tuple(event) for event in got] == [tuple(event) for event in expected]
+    assert all(type(event).__name__ == "TokenEvent" for event in got)
+    assert got[-1].finish_reason == "length" and all(len(event.top_logprobs) == 2 for event in got)
+    too_long = SamplingParams(max_tokens=10_000)
+    with pytest.raises(ValueError):  # refused on this side, before the core (see the test above)
+        core.submit(prompt, too_long)
+
+
+def test_the_core_s_message_framing_is_what_recv_reads():
+    import multiprocessing
+
+    from course.serving.engine_process import _message_sender, _readable_now
+
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    readable = _readable_now(reader)
+    assert not readable()
+    send = _message_sender(writer)
+    small = ([("req-1", (5, None, None, None, None, ()))], None)
+    large = ([(f"req-{i}", (i, "length", "x" * 50, None, -0.5, ((1, -0.1),))) for i in range(4000)], {"steps": 3})
+    received = []
+    thread = threading.Thread(target=lambda: received.extend(reader.recv() for _ in range(3)))
+    send(small)
+    assert readable()
+    thread.start()
+    send(large)  # larger than the pipe's buffer: written whole while the other side reads
+    send(small)
+    thread.join(30)
+    assert received == [small, large, small]
+    assert not readable()
+    writer.close()
+    assert readable()  # the end of the pipe counts, so the core's loop notices a server that is gone

@@ -153,6 +153,8 @@ class Engine:
 
         if self._background:
             raise RuntimeError("this engine runs its own loop; step() is for Engine(..., background=False)")
+        if torch.is_inference_mode_enabled():  # a caller that steps in a loop enters it once (the core process)
+            return self._iteration(block=False)
         with torch.inference_mode():
             return self._iteration(block=False)
 

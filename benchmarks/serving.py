@@ -16,7 +16,9 @@ thread (OMP_NUM_THREADS=1, as peers.md recommends for fair numbers on 2 cores). 
    same server one request at a time (max batch 1), on the transformers forward pass (`--runner
    transformers`: what the lean runner buys), and with the engine on a thread of the server's process
    (`--engine-core thread`), on both cores and on core 0 alone (what the separate process buys)
-   (target at 16: >= 3x throughput with ITL p50 <= 2x the single-stream ITL p50);
+   (target at 16: >= 3x throughput with ITL p50 <= 2x the single-stream ITL p50); each line adds the
+   server process's CPU time per output token (its own threads, not its children: for `course serve`
+   with its engine core in a child process, the API server alone; otherwise the whole server);
 3. the same workload against `transformers serve --continuous-batching` running the same tiny model
    saved with `course tiny-model`, its KV cache capped as peers.md explains (target at 16: >= 1.5x its
    output tokens/s with TTFT p50 and ITL p50 no worse). Needs the `bench` extra (accelerate, rich):
@@ -211,6 +213,17 @@ def engine_counters(url: str) -> tuple[int, float] | None:
     return health["steps"], health["steps"] * health["mean_decode_step_ms"] / 1e3
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time (s) of process ``pid`` so far (its threads, not its children); None
+    where /proc is missing."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_server(
     name: str,
     command: list[str],
@@ -231,6 +244,7 @@ def run_server(
         try:
             for concurrency in args.concurrency:
                 runs = []
+                cpu_before = cpu_seconds(process.pid)  # taskset execs the server: this is its pid
                 for _ in range(args.repeats):
                     single = concurrency == min(args.concurrency)
                     if single:
@@ -244,7 +258,14 @@ def run_server(
                         step = (after[1] - before[1]) / (after[0] - before[0])
                         results.setdefault("engine_step", []).append(step)
                 results[concurrency] = runs
-                print(f"  {name:40s} concurrency {concurrency:2d}: " + describe(runs), flush=True)
+                cpu_after = cpu_seconds(process.pid)
+                tokens = sum(run["output_tokens"] for run in runs)
+                if cpu_before is not None and cpu_after is not None and tokens:
+                    # the server's process only (an engine core process is its child); warm-up requests included
+                    results.setdefault("cpu_us_per_token", {})[concurrency] = 1e6 * (cpu_after - cpu_before) / tokens
+                cpu = results.get("cpu_us_per_token", {}).get(concurrency)
+                cpu_note = f" | server CPU {cpu:4.0f} us/token" if cpu is not None else ""
+                print(f"  {name:40s} concurrency {concurrency:2d}: " + describe(runs) + cpu_note, flush=True)
                 if interleave and concurrency == min(args.concurrency) and args.pairs:
                     results["pairs"] = interleaved_pairs(url, model, args)
         except RuntimeError as err:
@@ -371,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     print("---|---|---|---|---|---")
     for name, by_level in servers.items():
         for concurrency, runs in by_level.items():
-            if concurrency in ("raw", "engine_step", "pairs"):
+            if concurrency in ("raw", "engine_step", "pairs", "cpu_us_per_token"):
                 continue
             print(
                 f"{name} | {concurrency} | {median_of(runs, 'output_throughput_tok_s'):.0f} | "

@@ -1,12 +1,13 @@
 """What the engine adds to the forward pass, in-process: its decode step against the raw runner step.
 
-The raw step is the lean runner's forward pass plus the argmax (as `benchmarks/serving.py` times it);
-the engine's step is one ``Engine.step()`` of a single greedy request, driven by hand
-(``Engine(background=False)``, events dropped), its runner wrapped so the forward pass inside it is
-timed too. Both run on core 0 with one torch thread, interleaved ``--rounds`` times (a raw run of 64
-steps, then a 64-token request), so slow drift on the machine cancels. Printed: the medians of the
-raw step, of the engine's step and of the engine's time outside its forward pass (sampling,
-emitting, the cache's bookkeeping, scheduling), and the median of the per-round ratios.
+The raw step is the lean runner's forward pass plus the argmax
+(`course.measure.runner_decode_steps`, as `benchmarks/serving.py` times it); the engine's step is
+one ``Engine.step()`` of a single greedy request, driven by hand (``Engine(background=False)``,
+events dropped), its runner wrapped so the forward pass inside it is timed too. Both run on core 0
+with one torch thread, interleaved ``--rounds`` times (a raw run of 64 steps, then a 64-token
+request), so slow drift on the machine cancels. Printed: the medians of the raw step, of the
+engine's step and of the engine's time outside its forward pass (sampling, emitting, the cache's
+bookkeeping, scheduling), and the median of the per-round ratios.
 
     .venv/bin/python benchmarks/engine_step.py [--rounds 12]
 
@@ -43,22 +44,6 @@ class TimedRunner:
         return out
 
 
-def raw_steps(lm, runner, seed: int) -> list[float]:
-    """Decode steps (s) of the bare runner after a prefill, the token fed back by argmax."""
-    import torch
-
-    steps = []
-    with torch.inference_mode():
-        logits, cache = runner(lm.random_ids(1, PROMPT_TOKENS, seed=seed), runner.new_cache())
-        token = logits[:, -1:].argmax(-1)
-        for _ in range(OUTPUT_TOKENS):
-            start = time.perf_counter()
-            logits, cache = runner(token, cache)
-            token = logits[:, -1:].argmax(-1)
-            steps.append(time.perf_counter() - start)
-    return steps
-
-
 def engine_steps(engine, timed: TimedRunner, prompt: list[int]) -> tuple[list[float], list[float]]:
     """(whole steps, time outside the forward pass per step) (s) of one request's decode steps."""
     from course.serving.engine import SamplingParams
@@ -86,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
+    from course.measure import runner_decode_steps
     from course.models import build_tiny_model
     from course.serving.engine import Engine
     from course.serving.runner import runner_for
@@ -98,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt = lm.random_ids(1, PROMPT_TOKENS, seed=0)[0].tolist()
     rounds = []
     for trial in range(args.rounds):
-        raw = statistics.median(raw_steps(lm, runner, seed=trial))
+        raw = statistics.median(runner_decode_steps(lm, runner, 1, PROMPT_TOKENS, OUTPUT_TOKENS, seed=trial))
         steps, outside = engine_steps(engine, timed, prompt)
         rounds.append((raw, statistics.median(steps), statistics.median(outside)))
     raw, step, outside = (statistics.median(r[k] for r in rounds) for k in range(3))

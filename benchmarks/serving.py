@@ -52,26 +52,18 @@ ROOT = Path(__file__).resolve().parents[1]
 INSTALL_BENCH = '.venv/bin/pip install -c requirements/constraints.txt -e ".[dev,bench]"'
 BIN = Path(sys.executable).parent
 
-# The raw decode step, run in its own process pinned to the server's core: a prefill of ``prompt``
-# tokens for ``batch`` rows, then ``count`` decode steps, each timed (s).
+# The raw decode step (`course.measure.runner_decode_steps`), run in its own process pinned to the
+# server's core: a prefill of ``prompt`` tokens for ``batch`` rows, then ``count`` decode steps, each timed (s).
 RAW_STEP_SETUP = """
-import json, statistics, sys, time, torch
+import json, statistics, sys, torch
 torch.set_num_threads(1)
+from course.measure import runner_decode_steps
 from course.models import build_tiny_model
 from course.serving.runner import runner_for
 lm = build_tiny_model()
 
 def decode_steps(runner, batch, prompt, count, seed):
-    steps = []
-    with torch.inference_mode():
-        logits, cache = runner(lm.random_ids(batch, prompt, seed=seed), runner.new_cache())
-        token = logits[:, -1:].argmax(-1)
-        for _ in range(count):
-            start = time.perf_counter()
-            logits, cache = runner(token, cache)
-            token = logits[:, -1:].argmax(-1)
-            steps.append(time.perf_counter() - start)
-    return steps
+    return runner_decode_steps(lm, runner, batch, prompt, count, seed)
 """
 
 # Both runners at batch 1 and 16: the median step of three prefills, as JSON.

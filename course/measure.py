@@ -128,6 +128,31 @@ def decode_step_seconds(lm: LanguageModel, batch: int, context: int, steps: int 
     return Timing.of(batch, times)
 
 
+def runner_decode_steps(
+    lm: LanguageModel, runner, batch: int, prompt_tokens: int, steps: int, seed: int = 0
+) -> list[float]:
+    """Seconds of each of ``steps`` decode steps of a serving runner (:mod:`course.serving.runner`).
+
+    One prefill of ``batch`` random prompts of ``prompt_tokens`` tokens (not timed), then every
+    step feeds back each row's argmax: the raw step, forward pass and argmax only, that the
+    serving benchmarks hold the engine's step and the server's inter-token latency against.
+    """
+    import torch
+
+    times = []
+    with torch.inference_mode():
+        logits, cache = runner(lm.random_ids(batch, prompt_tokens, seed=seed), runner.new_cache())
+        token = logits[:, -1:].argmax(-1)  # (batch, 1)
+        for _ in range(steps):
+            synchronize(lm)
+            start = time.perf_counter()
+            logits, cache = runner(token, cache)
+            token = logits[:, -1:].argmax(-1)
+            synchronize(lm)
+            times.append(time.perf_counter() - start)
+    return times
+
+
 def decode_sweep(
     lm: LanguageModel, batch_sizes: Sequence[int], context: int, steps: int = 8, *, prefill: bool = True
 ) -> list[Timing]:

@@ -186,3 +186,20 @@ def test_load_check_flags_a_busy_machine():
     assert noise.check_load("x", load=0.3).ok
     busy = noise.check_load("the TTFT percentiles", load=2.5)
     assert not busy.ok and "too noisy to support the TTFT percentiles" in busy.message
+
+
+def test_runner_decode_steps_times_one_step_per_token_after_an_untimed_prefill():
+    from course.serving.runner import runner_for
+
+    lm = models.build_tiny_model()
+    runner = runner_for(lm.model, "auto")
+    calls = []
+
+    def counting(ids, cache, **kwargs):
+        calls.append(tuple(ids.shape))
+        return runner(ids, cache, **kwargs)
+
+    counting.new_cache = runner.new_cache
+    times = measure.runner_decode_steps(lm, counting, batch=3, prompt_tokens=7, steps=5, seed=1)
+    assert len(times) == 5 and all(t > 0 for t in times)
+    assert calls == [(3, 7)] + [(3, 1)] * 5  # the prefill, then one token per row per step

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 from typing import IO
 
 SERVER_CORE, CLIENT_CORE = 0, 1
@@ -37,6 +38,37 @@ def single_thread_env() -> dict[str, str]:
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
     return env
+
+
+def idle_policy(sysfs: Path = Path("/sys")) -> str:
+    """How this machine's idle cores wait, in words: the cpuidle driver and governor, and on a VM
+    with the haltpoll driver its ``guest_halt_poll_ns``.
+
+    Benchmarks print it beside the load average because it sets what waking a process on an idle
+    core costs the waker: a core that halts at once (``guest_halt_poll_ns`` 0) must be sent an
+    inter-processor interrupt, which on a virtual machine traps to the hypervisor; a core that
+    polls a while first notices the wake-up without one.
+    """
+
+    def read(relative: str) -> str | None:
+        try:
+            return (sysfs / relative).read_text().strip()
+        except OSError:
+            return None
+
+    cpuidle = "devices/system/cpu/cpuidle"
+    driver = read(f"{cpuidle}/current_driver")
+    if driver is None:
+        return "idle cores: unknown (no cpuidle in /sys)"
+    governor = read(f"{cpuidle}/current_governor") or read(f"{cpuidle}/current_governor_ro") or "unknown"
+    words = f"idle cores: cpuidle driver {driver}, governor {governor}"
+    poll_ns = read("module/haltpoll/parameters/guest_halt_poll_ns")
+    if driver == "haltpoll" and poll_ns is not None:
+        if poll_ns == "0":
+            words += ", guest_halt_poll_ns 0 (an idle vCPU halts at once: waking a process there traps to the host)"
+        else:
+            words += f", guest_halt_poll_ns {poll_ns} (an idle vCPU polls that long before it halts)"
+    return words
 
 
 def free_port() -> int:

@@ -25,11 +25,15 @@ thread (OMP_NUM_THREADS=1, as peers.md recommends for fair numbers on 2 cores). 
    `.venv/bin/pip install -c requirements/constraints.txt -e ".[dev,bench]"`; skipped with that
    note when it is missing.
 
+`--itl-only` runs the first part alone, against `course serve` (about a minute at --repeats 1: for A/B runs
+of one change). The run starts by printing the load average and how the machine's idle cores wait
+(``_processes.idle_policy``), which sets what each token's wake-up of the API server costs the engine.
+
 Every request sends the same payload to every server (greedy, 64 prompt tokens, max_tokens 64, no
 `ignore_eos`: `transformers serve` rejects that field), and the script checks the token counts the
 servers report. Each figure is the median over --repeats runs.
 
-    .venv/bin/python benchmarks/serving.py [--repeats 3] [--quick] [--skip-transformers]
+    .venv/bin/python benchmarks/serving.py [--repeats 3] [--quick] [--skip-transformers] [--itl-only]
 """
 
 from __future__ import annotations
@@ -46,7 +50,17 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from _processes import CLIENT_CORE, SERVER_CORE, WHOLE_MACHINE, free_port, pinned, single_thread_env, start_server, stop
+from _processes import (
+    CLIENT_CORE,
+    SERVER_CORE,
+    WHOLE_MACHINE,
+    free_port,
+    idle_policy,
+    pinned,
+    single_thread_env,
+    start_server,
+    stop,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_BENCH = '.venv/bin/pip install -c requirements/constraints.txt -e ".[dev,bench]"'
@@ -303,14 +317,23 @@ def main(argv: list[str] | None = None) -> int:
         "--pairs", type=int, default=40, help="interleaved (raw step, single request) pairs (default 40; 0: none)"
     )
     parser.add_argument("--skip-transformers", action="store_true", help="do not benchmark transformers serve")
+    parser.add_argument(
+        "--itl-only",
+        action="store_true",
+        help="only the single-stream ITL target: `course serve` at concurrency 1 with the raw steps beside it and "
+        "the interleaved pairs (about a minute at --repeats 1; for A/B runs of one change)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats = 1
+    if args.itl_only:
+        args.concurrency, args.skip_transformers = [1], True
     print(
         f"load average before the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
         "(other work on the machine disturbs every figure)",
         flush=True,
     )
+    print(idle_policy(), flush=True)
 
     raw = raw_decode_step(args)
     for runner in ("llama", "transformers"):
@@ -342,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         ("course, engine on a thread", thread, WHOLE_MACHINE),
         ("course, engine on a thread, core 0 only", thread, str(SERVER_CORE)),
     )
-    for label, options, cores in course_servers:
+    for label, options, cores in course_servers[:1] if args.itl_only else course_servers:
         port = free_port()
         command = course_serve + ["--port", str(port), *options]
         interleave = label == course_servers[0][0]  # the server the single-stream target is about

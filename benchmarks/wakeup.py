@@ -13,7 +13,9 @@ the writer's side, the way the engine core sees it:
 
 The writer, pinned to core 0, writes 60 bytes (about one step's message at one stream) every
 ``--period-ms`` of busy work (a stand-in for the forward pass), ``--writes`` times; printed: the
-median and p90 of the write's duration for each reader, in µs. Linux with 2+ cores.
+median and p90 of the write's duration for each reader, in µs, after how the machine's idle cores
+wait (``_processes.idle_policy``: a vCPU that halts at once makes every wake-up an interrupt that exits
+to the host). Linux with 2+ cores.
 
     .venv/bin/python benchmarks/wakeup.py [--writes 600] [--period-ms 1.5] [--rounds 2]
 """
@@ -26,6 +28,8 @@ import select
 import statistics
 import sys
 import time
+
+from _processes import idle_policy
 
 MESSAGE = b"x" * 60  # about one step's events at one stream, pickled
 
@@ -68,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print("needs Linux with at least two usable cores", file=sys.stderr)
         return 2
     print(f"load average before the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    print(idle_policy(), flush=True)
     for round_ in range(args.rounds):
         for label, polls in (("reader asleep on the pipe", False), ("reader polling every 100 us", True)):
             durations = sorted(timed_writes(polls, args.writes, args.period_ms * 1e-3))

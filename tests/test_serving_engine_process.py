@@ -218,5 +218,9 @@ def test_the_core_s_message_framing_is_what_recv_reads():
     thread.join(30)
     assert received == [small, large, small]
     assert not readable()
+    writer.close()  # the server is gone: the busy core must see it (then recv() raises EOFError and it stops)
+    assert readable()
+    with pytest.raises(EOFError):
+        reader.recv()
     writer.close()
     assert readable()  # the end of the pipe counts, so the core's loop notices a server that is gone

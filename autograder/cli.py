@@ -35,8 +35,10 @@ IDS_RULE = (
     "Student ids keep the LMS's user id where the download has one (Moodle's participant id, Canvas's user "
     "id, Blackboard's username, Gradescope's student id or e-mail): <name>_<id>. Names keep their Unicode "
     "letters (NFC-normalised, never transliterated) in lower case; an id without an LMS user id that lost "
-    "anything of the exact name (case, spaces, punctuation, length) ends in a hash of that name, so 'Alice' "
-    "and 'alice', or two long names with the same beginning, stay two students."
+    "anything of the exact name (case, spaces, punctuation, Unicode normalisation, length) ends in a hash of "
+    "that name, so 'Alice' and 'alice', or two long names with the same beginning, stay two students. Files "
+    "under names that still give one id (NFC and NFD, or spaces: leading, trailing, repeated, non-breaking, "
+    "tabs) are taken as one student, who is marked for manual grading with every path named."
 )
 
 

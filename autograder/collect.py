@@ -84,6 +84,7 @@ class Entry:
     path: str | None = None  # where it was written (submitted/...)
     reason: str = ""  # why it was not collected, or how it was matched
     time: str | None = None  # the submission time used to order duplicates
+    name: str | None = None  # the exact name (and LMS user id) the student id was made from
 
 
 @dataclass
@@ -138,8 +139,10 @@ def student_id(name: str, lms_id: str | None = None) -> str:
     ``name`` is NFC-normalised (Unicode kept, not transliterated), runs of characters other than
     letters, digits, ``.``, ``_`` and ``-`` become ``_``, and the result is lower case. With an LMS
     user id the id is ``<name>_<user id>`` (the user id makes it unique). Without one, an id that
-    lost anything of the exact name (case, spaces, punctuation, length) ends in ``-`` and a hash of
-    the exact name.
+    lost anything of the exact name (case, spaces, punctuation, Unicode normalisation, length) ends
+    in ``-`` and a hash of the name (NFC, spaces collapsed: the same person typed twice keeps one
+    id). Names that still give one id are told apart by :func:`collect`, which marks such a student
+    for manual grading with every path named.
     """
     text = " ".join(unicodedata.normalize("NFC", name or "").split())
     slug = re.sub(r"[^\w.-]+", "_", text).strip("._-").lower()
@@ -152,7 +155,9 @@ def student_id(name: str, lms_id: str | None = None) -> str:
             return f"{slug[:room].rstrip('._-')}_{uid}" if slug and room > 0 else uid
     if not text:
         return ""
-    lossless = slug == text and len(slug) <= MAX_ID_CHARS and not re.search(r"-[0-9a-f]{8}$", slug)
+    # compared with the exact name: a name that lost spaces (leading, trailing, repeated, non-breaking,
+    # tabs) or its Unicode normalisation (an NFD accent) is lossy too
+    lossless = slug == name and len(slug) <= MAX_ID_CHARS and not re.search(r"-[0-9a-f]{8}$", slug)
     if lossless:
         return slug
     return f"{slug[: MAX_ID_CHARS - 9].rstrip('._-') or 'student'}-{_digest(text)}"
@@ -187,6 +192,26 @@ def _preset(name: str) -> re.Pattern | None:
 class Identity:
     student: str
     time: datetime | None = None  # the LMS's submission time, when the path or metadata has one
+    name: str = ""  # the exact name and user id the id was made from (look-alike names give one id)
+
+
+def _visible(text: str) -> str:
+    """``text`` in quotes, every character but letters, digits, punctuation and plain spaces escaped.
+
+    Tabs, non-breaking and other spaces, combining marks (an NFD accent) and controls are shown as
+    ``\\uXXXX``, so two names that look alike print differently.
+    """
+    shown = "".join(
+        ch if ch == " " or (ch.isprintable() and unicodedata.category(ch)[0] not in "MZC") else f"\\u{ord(ch):04x}"
+        for ch in text
+    )
+    return f"'{shown}'"
+
+
+def _exact(name: str | None, lms_id: str | None) -> str:
+    """The exact name and user id of a submitter, as text that shows every invisible difference."""
+    text = _visible(name or "")
+    return f"{text} (user id {_visible(lms_id)})" if lms_id else text
 
 
 def find_student(
@@ -217,7 +242,7 @@ def find_student(
                     when = datetime.strptime(groups["time"], "%Y-%m-%d-%H-%M-%S")
                 except ValueError:
                     when = None
-            return Identity(sid, when)
+            return Identity(sid, when, _exact(raw, groups.get("id")))
     return None
 
 
@@ -254,7 +279,7 @@ def gradescope_identities(text: str) -> dict[str, Identity]:
                 when = parsed.astimezone().replace(tzinfo=None) if parsed.tzinfo else parsed
             except ValueError:
                 when = None
-        found[str(folder)] = Identity(sid, when)
+        found[str(folder)] = Identity(sid, when, _exact(name, str(uid) if uid else None))
     return found
 
 
@@ -565,6 +590,7 @@ def collect(
         )
         identity = find_student(rel, patterns, gradescope, reserved) if looks_like_notebook else None
         entry.student = identity.student if identity else None
+        entry.name = identity.name if identity else None
         if content is None:
             entry.reason = problem or "could not be read"
             report.unmatched.append(entry)
@@ -626,6 +652,7 @@ def collect(
         (received.parent / f"{notebook}.source").write_text(entry.source)
         entry.path = str(target.relative_to(course.root))
         report.collected.append(entry)
+    _flag_look_alike_names(report, manual)
     for assignment in assignment_ids:
         flagged = manual.get(assignment, {})
         course.set_flags(assignment, "collect", flagged, seen.get(assignment, set()) | set(flagged))
@@ -633,6 +660,29 @@ def collect(
             report.manual.setdefault(student, []).extend(reasons)
     (course.grading / "collect-report.json").write_text(json.dumps(report.to_json(), indent=1, ensure_ascii=False))
     return report
+
+
+def _flag_look_alike_names(report: CollectReport, manual: dict[str, dict[str, list[str]]]) -> None:
+    """Mark for manual grading every student whose files came under different exact names.
+
+    Names that differ only in Unicode normalisation (NFC and NFD, as macOS and Windows archives
+    write them) or in spaces (leading, trailing, repeated, non-breaking, tabs) give one student id:
+    they are taken as one person, but never silently: only one file per notebook is graded, so the
+    student is marked for manual grading with every path and exact name named.
+    """
+    groups: dict[tuple[str, str], dict[str, list[str]]] = {}
+    entries = [*report.collected, *report.superseded]
+    for entry in entries:
+        if entry.student and entry.assignment and entry.name is not None:
+            groups.setdefault((entry.student, entry.assignment), {}).setdefault(entry.name, []).append(entry.source)
+    for (student, assignment), names in sorted(groups.items()):
+        if len(names) < 2:
+            continue
+        listed = "; ".join(f"{', '.join(sorted(paths))} (name {name})" for name, paths in sorted(names.items()))
+        manual.setdefault(assignment, {}).setdefault(student, []).append(
+            f"files under {len(names)} different names were taken as one student ({student}): {listed}; "
+            "only the newest file of each notebook was graded: check that they are one person and which file counts"
+        )
 
 
 def received_name(course, assignment: str, student: str, notebook: str) -> str | None:

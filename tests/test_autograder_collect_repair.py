@@ -8,6 +8,7 @@ import copy
 import io
 import json
 import os
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -18,6 +19,7 @@ from helpers import corrupt_member
 
 from autograder import notebooks, repair
 from autograder.collect import collect, compile_pattern, find_student, student_id
+from autograder.course_dir import Course
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENT = "m1_prefill_decode"
@@ -490,3 +492,72 @@ def test_a_tie_is_reported_never_resolved_by_zip_order(course_root, release, tmp
     assert [e.source for e in report.superseded] == [f"amy/Copy of {NAME}"]
     assert "same time" in report.manual["amy"][0]
     assert "same time" in Course(course_root).flag_reasons(ASSIGNMENT, "amy")[0]
+
+
+# --- look-alike names never merge silently -----------------------------------------------------------
+
+LOOK_ALIKES = {  # kind -> (a name, a look-alike of it)
+    "nfc-vs-nfd": ("Zoë Smith", "Zoe\u0308 Smith"),
+    "nfc-vs-nfd-lower-case": ("zoë", "zoe\u0308"),
+    "leading-space": ("alice", " alice"),
+    "trailing-space": ("alice", "alice "),
+    "repeated-space": ("Ann Lee", "Ann  Lee"),
+    "non-breaking-space": ("Ann Lee", "Ann\u00a0Lee"),
+    "tab": ("Ann Lee", "Ann\tLee"),
+    "lower-case-repeated-space": ("ann_lee", "ann_lee "),
+}
+
+
+def _blank_and_correct(release):
+    """Two different files of the notebook (the second stands for a worked one)."""
+    worked = copy.deepcopy(release)
+    worked.metadata["worked"] = True
+    return as_bytes(release), as_bytes(worked)
+
+
+@pytest.mark.parametrize("kind", sorted(LOOK_ALIKES))
+def test_look_alike_folder_names_never_merge_silently(course_root, release, tmp_path, kind):
+    """Two folders whose names differ only invisibly: two students, or one marked for manual grading
+    with both paths named; never the older (here: correct) file silently dropped for the newer blank one."""
+    first, second = LOOK_ALIKES[kind]
+    blank, correct = _blank_and_correct(release)
+    older, newer = (2026, 11, 1, 10, 0, 0), (2026, 11, 2, 10, 0, 0)
+    download = tmp_path / "class.zip"
+    paths = [f"{first}/prefill_decode.ipynb", f"{second}/prefill_decode.ipynb"]
+    download.write_bytes(zip_with_times([(paths[0], correct, older), (paths[1], blank, newer)]))
+    report = collect(download, course_root, [ASSIGNMENT], "folder")
+    students = {entry.source: entry.student for entry in report.collected}
+    if len(set(students.values())) == 2:
+        assert set(students) == set(paths) and not report.superseded
+        return
+    (student,) = set(students.values())
+    reasons = " ".join(report.manual.get(student, []))
+    assert paths[0] in reasons and paths[1] in reasons, f"{kind}: merged silently: {report.manual}"
+    flags = Course(course_root).flag_reasons(ASSIGNMENT, student)
+    assert any(paths[0] in reason and paths[1] in reason for reason in flags), flags
+
+
+@pytest.mark.parametrize("kind", sorted(LOOK_ALIKES))
+def test_look_alike_names_without_a_user_id_get_the_hash(kind):
+    """README: an id that lost anything of the exact name ends in a hash of the name."""
+    _, second = LOOK_ALIKES[kind]
+    assert re.search(r"-[0-9a-f]{8}$", student_id(second)), (kind, student_id(second))
+
+
+@pytest.mark.parametrize("kind", sorted(LOOK_ALIKES))
+def test_look_alike_lms_names_with_one_user_id_are_marked(course_root, release, tmp_path, kind):
+    """Moodle folders with one participant id under look-alike names: one person, marked, both paths named."""
+    first, second = LOOK_ALIKES[kind]
+    blank, correct = _blank_and_correct(release)
+    paths = [f"{name}_4242_assignsubmission_file_/prefill_decode.ipynb" for name in (first, second)]
+    download = tmp_path / "moodle.zip"
+    download.write_bytes(
+        zip_with_times([(paths[0], correct, (2026, 11, 1, 10, 0, 0)), (paths[1], blank, (2026, 11, 2, 10, 0, 0))])
+    )
+    report = collect(download, course_root, [ASSIGNMENT], "moodle")
+    students = {entry.student for entry in report.collected}
+    if len(students) == 2:
+        return
+    (student,) = students
+    reasons = " ".join(report.manual.get(student, []))
+    assert paths[0] in reasons and paths[1] in reasons, f"{kind}: merged silently: {report.manual}"

@@ -1,9 +1,10 @@
-"""The engine's admission rule, tested without a model, and read beside the simulator's model of it.
+"""The engine's token-budget rule, tested without a model, and read beside the simulator's model of it.
 
-``course/sim/steps.py``'s ``PrefillThenDecode`` claims to be this engine's loop: each iteration
-prefills the requests it admitted, then decodes every running request once. Driven with the same
-arrivals, the engine's :func:`~course.serving.scheduler.admit` and the simulator's policy must admit
-the same requests at the same iterations.
+``course/sim/steps.py``'s ``continuous_step`` (vLLM V1's scheduler, chunked prefill on) is the rule
+:func:`~course.serving.scheduler.split_budget` follows: running requests take one token each, partly
+prefilled prompts go on, and waiting prompts are admitted and cut to what is left of the budget.
+Driven with the same arrivals, the engine's scheduler and the simulator's step must give every
+request the same number of tokens at the same iterations.
 """
 
 from __future__ import annotations
@@ -15,79 +16,106 @@ import pytest
 
 from course.serving.request import EngineRequest
 from course.serving.sampler import SamplingParams
-from course.serving.scheduler import Scheduler, admit
+from course.serving.scheduler import Scheduler, split_budget
 from course.sim.blocks import BlockManager
 from course.sim.harness import SimRequest
-from course.sim.steps import PrefillThenDecode
+from course.sim.steps import continuous_step
 
 
 def _request(i: int, prompt: int) -> EngineRequest:
     return EngineRequest(f"r{i}", [1] * prompt, SamplingParams(max_tokens=1))
 
 
-def test_admission_fills_free_rows_within_the_token_budget():
+def _ids(chunks) -> list[tuple[str, int]]:
+    return [(r.request_id, n) for r, n in chunks]
+
+
+def test_the_budget_goes_to_decodes_then_partial_prompts_then_new_ones():
     waiting = deque(_request(i, n) for i, n in enumerate([30, 30, 10, 5]))
-    assert [r.request_id for r in admit(waiting, 0, 8, 64)] == ["r0", "r1"]  # r2 would pass 64 tokens
-    assert [r.request_id for r in admit(waiting, 7, 8, 64)] == ["r2"]  # one free row
-    assert admit(waiting, 8, 8, 64) == [] and len(waiting) == 1  # a full batch admits nothing
-    # The first request is admitted even when its prompt alone is over the budget (no chunked prefill).
-    big = deque([_request(9, 500), _request(10, 1)])
-    assert [r.request_id for r in admit(big, 0, 8, 64)] == ["r9"]
+    assert _ids(split_budget(waiting, [], 0, 8, 64)) == [("r0", 30), ("r1", 30), ("r2", 4)]  # r2 cut to fit
+    assert [r.request_id for r in waiting] == ["r3"]
+    # Seven decodes leave 57 tokens; one free row admits one request.
+    assert _ids(split_budget(waiting, [], 7, 8, 64)) == [("r3", 5)]
+    full = deque([_request(9, 5)])
+    assert split_budget(full, [], 8, 8, 64) == [] and len(full) == 1  # a full batch admits nothing
+    # A prompt longer than the budget starts with a chunk and goes on, oldest first, before new ones.
+    long, short = _request(10, 500), _request(11, 3)
+    waiting = deque([long, short])
+    assert _ids(split_budget(waiting, [], 2, 8, 64)) == [("r10", 62)]
+    long.num_computed_tokens = 62
+    assert _ids(split_budget(waiting, [long], 2, 8, 64)) == [("r10", 62)]
+    long.num_computed_tokens = 480
+    assert _ids(split_budget(waiting, [long], 2, 8, 64)) == [("r10", 20), ("r11", 3)]
+    assert split_budget(deque([_request(12, 5)]), [], 64, 128, 64) == []  # decodes used the whole budget
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_engine_admission_matches_the_simulators_prefill_then_decode(seed):
+def test_an_aborted_partial_prompt_gets_no_chunk():
+    scheduler = Scheduler(max_batch_size=4, token_budget=16)
+    long = _request(0, 100)
+    long.num_computed_tokens = 16
+    scheduler.requests[long.request_id] = long
+    scheduler.add(_request(1, 4))
+    scheduler.abort(["r0"], "abort", step=0)
+    plan = scheduler.schedule(1, [long], block=False)
+    assert plan.aborts == {"r0": "abort"} and _ids(plan.chunks) == [("r1", 4)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_engine_budget_split_matches_the_simulators_continuous_step(seed):
     rng = random.Random(seed)
-    max_batch, budget, iterations = 6, 64, 40
-    arrivals = [[rng.randint(1, budget) for _ in range(rng.choice([0, 0, 1, 2, 5]))] for _ in range(iterations)]
-    lifetimes = {}  # request index -> iterations it runs (its output length), the same on both sides
+    max_batch, budget, iterations = rng.choice([(6, 64), (4, 16), (8, 8)]) + (60,)
+    arrivals = [[rng.randint(1, 3 * budget) for _ in range(rng.choice([0, 0, 1, 2, 5]))] for _ in range(iterations)]
+    lifetimes = {}  # request index -> output tokens, the same on both sides
 
-    # The engine side: its Scheduler, no model. A request leaves after `lifetime` decode steps.
+    # The engine side: its Scheduler, no model. A request's prefill ends with its first token; it
+    # then decodes (one token per iteration) from the next iteration until it has its output.
     scheduler = Scheduler(max_batch, budget)
-    running: dict[str, int] = {}
-    engine_admitted = []
+    decoding: dict[str, int] = {}  # request id -> output tokens still to come
+    prefilling: list[EngineRequest] = []
+    engine_steps = []
+    chunked = set()  # requests whose prompt took more than one iteration
     index = 0
     for prompts in arrivals:
         for prompt in prompts:
             lifetimes[index] = rng.randint(1, 12)
             scheduler.add(_request(index, prompt))
             index += 1
-        plan = scheduler.schedule(len(running), block=False)
-        engine_admitted.append([r.request_id for r in plan.admitted])
-        running.update({r.request_id: lifetimes[int(r.request_id[1:])] for r in plan.admitted})
-        for rid in list(running):  # the decode step
-            running[rid] -= 1
-            if running[rid] == 0:
-                del running[rid]
+        chunked.update(r.request_id for r in prefilling)
+        plan = scheduler.schedule(len(decoding), prefilling, block=False)
+        engine_steps.append(sorted([(rid, 1) for rid in decoding] + _ids(plan.chunks)))
+        for rid in list(decoding):  # the decode step
+            decoding[rid] -= 1
+            if decoding[rid] == 0:
+                del decoding[rid]
+        for request, n in plan.chunks:  # the prefill: the engine moves num_computed_tokens on
+            if request.num_computed_tokens == 0:
+                prefilling.append(request)
+            request.num_computed_tokens += n
+            if request.prompt_tokens_left == 0:
+                prefilling.remove(request)
+                if lifetimes[int(request.request_id[1:])] > 1:  # its first token came with the prefill
+                    decoding[request.request_id] = lifetimes[int(request.request_id[1:])] - 1
 
-    # The simulator side: PrefillThenDecode with blocks enough for everything.
-    policy = PrefillThenDecode(token_budget=budget, max_num_seqs=max_batch)
+    # The simulator side: continuous_step with blocks enough for everything.
     blocks = BlockManager(num_blocks=100_000, block_size=16)
-    sim_running: list[SimRequest] = []
+    running: list[SimRequest] = []
     waiting: deque = deque()
-    sim_admitted = []
+    sim_steps = []
     index = 0
-
-    def apply(scheduled):
+    for prompts in arrivals:
+        for prompt in prompts:
+            waiting.append(SimRequest(f"r{index}", 0.0, prompt, lifetimes[index]))
+            index += 1
+        scheduled = continuous_step(running, waiting, blocks, budget, max_batch)
+        sim_steps.append(sorted((r.request_id, n) for r, n in scheduled))
         for request, n in scheduled:
             request.computed += n
             if request.computed >= request.num_tokens:
                 request.generated += 1
-        for request in [r for r in sim_running if r.generated >= r.output_tokens]:
-            sim_running.remove(request)
+        for request in [r for r in running if r.finished]:
+            running.remove(request)
             blocks.free(request.request_id)
 
-    for prompts in arrivals:
-        for prompt in prompts:
-            waiting.append(SimRequest(f"r{index}", 0.0, prompt, lifetimes[index] + 1))
-            index += 1
-        was_waiting = set(id(r) for r in waiting)
-        scheduled = policy(sim_running, waiting, blocks)
-        prefilled = [r.request_id for r, _ in scheduled if id(r) in was_waiting]
-        apply(scheduled)
-        if prefilled:  # the engine's iteration also decodes: the policy's next step
-            apply(policy(sim_running, waiting, blocks))
-        sim_admitted.append(prefilled)
-
-    assert sum(map(len, engine_admitted)) > 10, "the workload should admit requests"
-    assert engine_admitted == sim_admitted
+    assert sum(1 for step in engine_steps for _, n in step if n > 1) > 10, "the workload should prefill prompts"
+    assert len(chunked) > 3, "some prompts should be prefilled in chunks"
+    assert engine_steps == sim_steps

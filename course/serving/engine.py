@@ -5,18 +5,26 @@ apart from its API server. Requests come in from any thread or event loop (:meth
 each iteration of the engine loop
 
 1. drops aborted requests (a client that went away) and frees their rows of the cache;
-2. admits waiting requests while there is room in the batch: their prompts are prefilled
-   together in one forward pass, and each gets its first token;
+2. splits the iteration's token budget as vLLM V1 does (:func:`~course.serving.scheduler.split_budget`):
+   one token for every running request, then prompt chunks for the partly prefilled and the
+   newly admitted requests with what is left;
 3. runs **one decode step for every running request at once** (one forward pass over a batch
-   of one new token per request) and hands each request its next token.
+   of one new token per request) and hands each request its next token;
+4. prefills the chunks: the prompts that fit whole are prefilled together in one forward pass;
+   a prompt that does not fit is prefilled a chunk per iteration, each chunk one forward pass
+   over its tokens with the KV cache of the earlier chunks, which the request keeps between
+   iterations (chunked prefill). A request whose prompt is complete gets its first token and
+   joins the running batch, to decode from the next iteration on.
 
 New requests therefore join between two decode steps, and finished ones leave between two
-steps: iteration-level ("continuous") batching as in Orca (OSDI'22) and vLLM. With
-``max_batch_size=1`` the same engine serves one request at a time, first come first served.
+steps: iteration-level ("continuous") batching as in Orca (OSDI'22) and vLLM; and a long prompt
+delays the running requests by one chunk per iteration, never by its whole prefill (Sarathi-Serve,
+OSDI'24). With ``max_batch_size=1`` the same engine serves one request at a time, first come first
+served.
 
 The pieces, split as nano-vllm splits its engine (``engine/{scheduler,sequence,model_runner}.py``):
 
-* :mod:`course.serving.scheduler`: the waiting queue, aborts and the admission rule (no model);
+* :mod:`course.serving.scheduler`: the waiting queue, aborts and the token-budget rule (no model);
 * :mod:`course.serving.batch_cache`: the running rows' KV cache, left-padded (how sequences of
   different lengths share one batch);
 * :mod:`course.serving.sampler`: the sampling parameters and the per-row sampler;
@@ -33,7 +41,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from course.models import LanguageModel
 from course.serving.batch_cache import BatchCache
@@ -42,7 +50,16 @@ from course.serving.runner import runner_for
 from course.serving.sampler import Sampler, SamplingParams
 from course.serving.scheduler import Schedule, Scheduler
 
-__all__ = ["Engine", "EngineRequest", "EngineStopped", "SamplingParams", "TokenEvent"]
+__all__ = ["Engine", "EngineRequest", "EngineStopped", "Iteration", "SamplingParams", "TokenEvent"]
+
+
+class Iteration(NamedTuple):
+    """One engine iteration, as :attr:`Engine.iterations` records it."""
+
+    start: float  # time.perf_counter() when it started
+    seconds: float
+    decoded: int  # requests that got a decode step
+    prefilled: int  # prompt tokens prefilled (the chunks' tokens)
 
 
 class Engine:
@@ -53,10 +70,11 @@ class Engine:
         max_batch_size: most requests decoded together; 1 = one request at a time.
         max_model_len: most tokens (prompt + output) per request; default: the model's
             ``max_position_embeddings``.
-        max_prefill_tokens: prompt tokens prefilled in one iteration at most (at least one
-            request is always admitted). A burst of new requests is prefilled in groups between
-            decode steps: the first of them get their first token sooner, and running requests
-            stall for a bounded time.
+        max_prefill_tokens: the token budget of one iteration, shared by the running requests
+            (one token each) and the prompt chunks (vLLM's ``max_num_batched_tokens``): a prompt
+            longer than what is left is prefilled over several iterations, so running requests
+            stall for one chunk at most, never for a whole long prompt. It also caps how many
+            requests decode together (each needs one token of it).
         background: run the engine loop on its own thread (the default). False: nothing runs
             until the caller calls :meth:`step`, one iteration at a time (tests drive it by hand,
             as with vLLM's ``LLMEngine.step()``).
@@ -85,12 +103,15 @@ class Engine:
         self.max_model_len = int(max_model_len or config_len)
         if self.max_model_len > config_len:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {config_len} positions")
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
         self.max_prefill_tokens = max_prefill_tokens
         self.eos_token_ids = _eos_ids(lm)
         self.pad_token_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
         self.runner = runner_for(lm.model, runner)
         self.scheduler = Scheduler(max_batch_size, max_prefill_tokens)
         self.batch = BatchCache(lm.device, self.runner.mask_4d)  # touched only by the engine thread
+        self.prefilling: list[EngineRequest] = []  # partly prefilled, oldest first (engine thread only)
         self.sampler = Sampler()
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -101,13 +122,13 @@ class Engine:
 
         # Counters (read from any thread; written by the engine thread).
         self.steps = 0  # decode steps run
-        self.prefills = 0  # prefill forward passes run
+        self.prefills = 0  # prefill forward passes run (one per chunk of a chunked prompt)
         self.tokens_generated = 0
         self.batch_size_sum = 0  # sum over decode steps of the batch size (mean = / steps)
         self.decode_seconds = 0.0  # time spent in decode steps (forward + sampling + hand-off)
         self.prefill_seconds = 0.0
         self.last_error: str | None = None
-        self.iterations: deque[tuple[float, float]] = deque(maxlen=4096)  # (start, seconds) of recent iterations
+        self.iterations: deque[Iteration] = deque(maxlen=4096)  # the recent iterations
 
     # --- public API (any thread) --------------------------------------------------------------
 
@@ -164,7 +185,8 @@ class Engine:
 
     @property
     def num_waiting(self) -> int:
-        return self.scheduler.num_waiting
+        """Requests without a token yet: waiting, or with their prompt partly prefilled."""
+        return self.scheduler.num_waiting + len(self.prefilling)
 
     @property
     def num_unfinished(self) -> int:
@@ -172,8 +194,9 @@ class Engine:
         return self.scheduler.num_unfinished
 
     def cache_tokens(self) -> int:
-        """Token slots held by the batch cache (rows x padded length); 0 when idle."""
-        return self.batch.tokens_held()
+        """Token slots held by the batch cache (rows x padded length) and by partly prefilled
+        prompts; 0 when idle."""
+        return self.batch.tokens_held() + sum(r.num_computed_tokens for r in self.prefilling)
 
     def stats(self) -> dict[str, Any]:
         """Counters for /health, tests and plots."""
@@ -215,48 +238,84 @@ class Engine:
                     self._fail_everything("error:" + self.last_error)
 
     def _iteration(self, block: bool = True) -> bool:
-        """One engine iteration: aborts, admissions (prefill), one decode step. True when stopped."""
-        plan = self.scheduler.schedule(len(self.batch), block)
+        """One engine iteration: aborts, one decode step, prompt chunks (prefill). True when stopped."""
+        plan = self.scheduler.schedule(len(self.batch), self.prefilling, block)
         if plan.stop:
             self._fail_everything("unavailable:the engine is shut down")
             return True
         started = time.perf_counter()
         if plan.aborts:
             self._apply_aborts(plan)
-        if plan.admitted:
+        decoded = len(self.batch)
+        if decoded:
             start = time.perf_counter()
-            self._guarded(self._prefill, plan.admitted)
-            self.prefill_seconds += time.perf_counter() - start
-        if self.batch.rows:
-            start = time.perf_counter()
-            self._guarded(self._decode, list(self.batch.rows))
+            rows = list(self.batch.rows)
+            self._guarded(self._decode, rows, rows)
             self.decode_seconds += time.perf_counter() - start
-        self.iterations.append((started, time.perf_counter() - started))
+        if plan.chunks:
+            start = time.perf_counter()
+            self._guarded(self._prefill, plan.chunks, [r for r, _ in plan.chunks])
+            self.prefill_seconds += time.perf_counter() - start
+        prefilled = sum(n for _, n in plan.chunks)
+        self.iterations.append(Iteration(started, time.perf_counter() - started, decoded, prefilled))
         return False
 
     def _apply_aborts(self, plan: Schedule) -> None:
-        """Finish aborted requests: the waiting ones (already out of the queue) and running rows."""
+        """Finish aborted requests: the waiting ones (already out of the queue), partly prefilled
+        ones and running rows."""
         for request in plan.aborted_waiting:
             request.freed_step = self.steps  # it never held cache rows
+            self._finish(request, plan.aborts[request.request_id])
+        for request in self._stop_prefilling([r for r in self.prefilling if r.request_id in plan.aborts]):
             self._finish(request, plan.aborts[request.request_id])
         leaving = [i for i, r in enumerate(self.batch.rows) if r.request_id in plan.aborts]
         for request in self._drop(leaving):  # free the cache before the requests hear about it
             self._finish(request, plan.aborts[request.request_id])
 
-    def _guarded(self, work, requests: list[EngineRequest]) -> None:
-        """Run a forward pass; if it fails, fail its requests (not the engine) and drop their rows."""
+    def _guarded(self, work, argument, requests: list[EngineRequest]) -> None:
+        """Run ``work(argument)``, forward passes for ``requests``; if it fails, fail those requests
+        (not the engine) and free their cache."""
         try:
-            work(requests)
+            work(argument)
         except Exception as err:  # an engine bug or out-of-memory must not kill the server
             message = f"generation failed: {type(err).__name__}: {err}"
             self.last_error = message
             self._drop([i for i, r in enumerate(self.batch.rows) if r in requests])
+            self._stop_prefilling([r for r in self.prefilling if r in requests])
             for request in requests:
                 if not request.finished:
                     self._finish(request, "error:" + message)
 
-    def _prefill(self, requests: list[EngineRequest]) -> None:
-        """One forward pass over the admitted prompts (left-padded to a common length)."""
+    def _prefill(self, chunks: list[tuple[EngineRequest, int]]) -> None:
+        """Prefill this iteration's chunks: whole prompts together in one forward pass, each part
+        of a longer prompt in a forward pass of its own over the cache of its earlier chunks."""
+        whole = [r for r, n in chunks if r.num_computed_tokens == 0 and n == r.num_prompt_tokens]
+        for request, n in chunks:
+            if request not in whole:
+                self._prefill_chunk(request, n)
+        if whole:
+            self._prefill_whole(whole)
+        self._flush()
+
+    def _prefill_chunk(self, request: EngineRequest, n: int) -> None:
+        """The next ``n`` prompt tokens of ``request``, after the ones already in its cache."""
+        import torch
+
+        if request.num_computed_tokens == 0:
+            request.prefill_cache = self.runner.new_cache()
+            self.prefilling.append(request)
+        start = request.num_computed_tokens
+        ids = torch.tensor([request.prompt_ids[start : start + n]], device=self.lm.device)
+        logits, request.prefill_cache = self.runner(ids, request.prefill_cache)
+        self.prefills += 1
+        request.num_computed_tokens += n
+        if request.prompt_tokens_left == 0:  # the last chunk: its cache moves into the batch
+            cache, request.prefill_cache = request.prefill_cache, None
+            self.prefilling.remove(request)
+            self._first_tokens(logits, [request], cache, [request.num_prompt_tokens])
+
+    def _prefill_whole(self, requests: list[EngineRequest]) -> None:
+        """One forward pass over whole prompts (left-padded to a common length)."""
         import torch
 
         device = self.lm.device
@@ -272,6 +331,13 @@ class Engine:
             kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
         logits, prompt_cache = self.runner(ids.to(device), self.runner.new_cache(), **kwargs)
         self.prefills += 1
+        for request in requests:
+            request.num_computed_tokens = request.num_prompt_tokens
+        self._first_tokens(logits, requests, prompt_cache, lengths)
+
+    def _first_tokens(self, logits, requests: list[EngineRequest], prompt_cache, lengths: list[int]) -> None:
+        """Sample the first token of prompts just prefilled (``logits``: (rows, 1, vocab)); the
+        requests that go on join the running batch with their rows of ``prompt_cache``."""
         tokens, logprobs, _ = self._sample(logits[:, -1, :], requests)
         now = time.perf_counter()
         keep = []
@@ -281,7 +347,14 @@ class Engine:
                 keep.append(row)
         if keep:
             self.batch.join(prompt_cache, keep, [lengths[i] for i in keep], [tokens[i] for i in keep], requests)
-        self._flush()
+
+    def _stop_prefilling(self, requests: list[EngineRequest]) -> list[EngineRequest]:
+        """Take partly prefilled ``requests`` out of the engine and free their cache; returns them."""
+        for request in requests:
+            self.prefilling.remove(request)
+            request.prefill_cache = None
+            request.freed_step = self.steps
+        return requests
 
     def _decode(self, rows: list[EngineRequest]) -> None:
         """One decode step for every running request."""
@@ -364,7 +437,8 @@ class Engine:
 
     def _fail_everything(self, reason: str) -> None:
         """End every waiting and running request with ``reason`` ("error:..." or "unavailable:...")."""
-        for request in self.scheduler.drain() + self._drop(list(range(len(self.batch)))):
+        stopped = self._stop_prefilling(list(self.prefilling))
+        for request in self.scheduler.drain() + stopped + self._drop(list(range(len(self.batch)))):
             if not request.finished:
                 self._finish(request, reason)
 

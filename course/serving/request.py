@@ -137,6 +137,8 @@ class EngineRequest:
         self.freed_step: int | None = None  # engine step count when its cache rows were released
         self.steps_after_abort = 0  # decode steps run for it after abort() was called
         self.generator = None  # the seeded torch.Generator of its sampler (made on first use)
+        self.num_computed_tokens = 0  # prompt tokens in its KV cache (a chunked prefill's progress)
+        self.prefill_cache = None  # the KV cache of its prompt while partly prefilled, kept between iterations
         self.sink = EventSink()
 
     @property
@@ -146,6 +148,11 @@ class EngineRequest:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def prompt_tokens_left(self) -> int:
+        """Prompt tokens not yet prefilled (0 once it has its first token)."""
+        return len(self.prompt_ids) - self.num_computed_tokens
 
     def __iter__(self) -> Iterator[TokenEvent]:
         return iter(self.sink)

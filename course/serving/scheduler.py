@@ -1,12 +1,18 @@
-"""What each engine iteration does, decided without a model: aborts first, then admission.
+"""What each engine iteration does, decided without a model: aborts first, then the token budget.
 
-The admission rule (:func:`admit`) is the one ``course/sim/steps.py``'s ``PrefillThenDecode`` models:
-waiting requests are admitted first come first served while the batch has a free row and their
-whole prompts fit the iteration's prefill token budget; the admitted prompts are prefilled
-together, then every running request (old and new) gets one decode step. One difference, by
-design: the first waiting request is admitted even if its prompt alone exceeds the budget (this
-engine has no chunked prefill, so it could never start otherwise), where the simulator's rule
-would leave it waiting. ``tests/test_serving_admission.py`` runs both side by side.
+The budget rule (:func:`split_budget`) is vLLM V1's (``vllm/v1/core/sched/scheduler.py``,
+``Scheduler.schedule()``, 0.11), the one ``course/sim/steps.py``'s ``continuous_step`` models with
+chunked prefill on: one token budget per iteration (vLLM's ``max_num_batched_tokens``, this engine's
+``max_prefill_tokens``). Running requests come first: every decoding request takes one token of it,
+then partly prefilled prompts, oldest first, take what they still need, clipped to what is left;
+then waiting requests are admitted first come first served while the batch has a free row and
+budget is left, the last one cut to fit. A prompt longer than the budget is therefore prefilled
+over several iterations, a chunk per iteration, while the running requests keep decoding; no
+iteration computes more tokens than the budget, so no prompt, however long, stalls the running
+streams for longer than one chunk. (A prompt needs at least one token of the budget to start and
+every request that completes its prefill decodes from the next iteration on, so at most
+``max_prefill_tokens`` requests decode together.) ``tests/test_serving_admission.py`` runs this
+rule beside the simulator's.
 
 :class:`Scheduler` holds the waiting queue and the pending aborts under one lock, the state that
 other threads touch. Aborts are taken, and aborted waiting requests leave the queue, *before*
@@ -17,27 +23,37 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from course.serving.request import EngineRequest, EngineStopped
 
 
-def admit(waiting: deque, num_running: int, max_batch_size: int, max_prefill_tokens: int) -> list:
-    """Pop and return the waiting requests this iteration prefills (see the module docstring).
+def split_budget(
+    waiting: deque, prefilling: Sequence, num_decoding: int, max_batch_size: int, token_budget: int
+) -> list[tuple]:
+    """One iteration's prompt chunks: ``[(request, tokens to prefill), ...]`` (see the module docstring).
 
-    ``waiting`` holds requests with ``prompt_ids``, oldest first; ``num_running`` requests already
-    hold a row of the batch.
+    ``num_decoding`` requests decode this iteration (one token each); ``prefilling`` holds the
+    partly prefilled requests, oldest first (each with ``prompt_tokens_left``); ``waiting`` holds
+    requests not started, oldest first: those admitted are popped from it.
     """
-    admitted = []
-    budget = max_prefill_tokens
-    while waiting and num_running + len(admitted) < max_batch_size:
-        prompt = len(waiting[0].prompt_ids)
-        if admitted and prompt > budget:
+    budget = token_budget - num_decoding
+    chunks = []
+    for request in prefilling:
+        if budget <= 0:
             break
-        admitted.append(waiting.popleft())
-        budget -= prompt
-    return admitted
+        n = min(request.prompt_tokens_left, budget)
+        chunks.append((request, n))
+        budget -= n
+    rows = num_decoding + len(prefilling)
+    while waiting and budget > 0 and rows < max_batch_size:
+        request = waiting.popleft()
+        n = min(request.prompt_tokens_left, budget)
+        chunks.append((request, n))
+        budget -= n
+        rows += 1
+    return chunks
 
 
 @dataclass
@@ -46,16 +62,16 @@ class Schedule:
 
     aborts: dict[str, str] = field(default_factory=dict)  # request id -> finish reason
     aborted_waiting: list[EngineRequest] = field(default_factory=list)  # already out of the queue
-    admitted: list[EngineRequest] = field(default_factory=list)
+    chunks: list[tuple[EngineRequest, int]] = field(default_factory=list)  # (request, prompt tokens to prefill)
     stop: bool = False
 
 
 class Scheduler:
     """The waiting queue, pending aborts and every unfinished request, shared with other threads."""
 
-    def __init__(self, max_batch_size: int, max_prefill_tokens: int) -> None:
+    def __init__(self, max_batch_size: int, token_budget: int) -> None:
         self.max_batch_size = max_batch_size
-        self.max_prefill_tokens = max_prefill_tokens
+        self.token_budget = token_budget
         self.lock = threading.Condition()
         self.waiting: deque[EngineRequest] = deque()
         self.aborts: dict[str, str] = {}
@@ -89,14 +105,18 @@ class Scheduler:
             self.stopping = True
             self.lock.notify()
 
-    def schedule(self, num_running: int, block: bool = True) -> Schedule:
-        """The next iteration's plan; with ``block``, wait until there is something to do."""
-        if num_running and not (self.waiting or self.aborts or self.stopping):
+    def schedule(self, num_decoding: int, prefilling: Sequence[EngineRequest] = (), block: bool = True) -> Schedule:
+        """The next iteration's plan; with ``block``, wait until there is something to do.
+
+        ``num_decoding``: requests that decode this iteration; ``prefilling``: the partly prefilled
+        ones, oldest first (both held by the engine thread).
+        """
+        if num_decoding and not (self.waiting or self.aborts or self.stopping or prefilling):
             # The common decode-only iteration: nothing to take, so no lock (reading a deque's or a
             # dict's length is atomic; a request added meanwhile is taken by the next iteration).
             return Schedule()
         with self.lock:
-            while block and not (self.waiting or num_running or self.aborts or self.stopping):
+            while block and not (self.waiting or num_decoding or prefilling or self.aborts or self.stopping):
                 self.lock.wait()
             if self.stopping and not self.aborts:
                 return Schedule(stop=True)
@@ -104,10 +124,11 @@ class Scheduler:
             aborted = [r for r in self.waiting if r.request_id in aborts]
             for request in aborted:
                 self.waiting.remove(request)
-            admitted = (
-                [] if self.stopping else admit(self.waiting, num_running, self.max_batch_size, self.max_prefill_tokens)
-            )
-            return Schedule(aborts, aborted, admitted)
+            if self.stopping:
+                return Schedule(aborts, aborted)
+            going_on = [r for r in prefilling if r.request_id not in aborts]
+            chunks = split_budget(self.waiting, going_on, num_decoding, self.max_batch_size, self.token_budget)
+            return Schedule(aborts, aborted, chunks)
 
     def forget(self, request_id: str) -> None:
         """A request finished: it is no longer unfinished, nor to be aborted."""

@@ -115,14 +115,40 @@ def inert_html(fragment: str) -> str:
     )
 
 
+# Characters a page must not carry raw: C0 controls but newline and tab, DEL, C1 controls (terminal
+# escape sequences: ESC/CSI/OSC, BEL), and the bidirectional embeddings, overrides and isolates that
+# can make text read in another order than it runs (U+202A-U+202E, U+2066-U+2069).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _shown(match: re.Match) -> str:
+    code = ord(match.group())
+    if code < 0x20:
+        return chr(0x2400 + code)  # the Control Pictures block: ESC shows as U+241B, BEL as U+2407
+    if code == 0x7F:
+        return "\u2421"
+    return f"\u27e8U+{code:04X}\u27e9"  # C1 controls and bidi marks: <U+202E> in mathematical angle brackets
+
+
+def visible_controls(text: str) -> str:
+    """``text`` with every control character but newline and tab, and every bidi override, made visible."""
+    return _CONTROLS.sub(_shown, text.replace("\r\n", "\n"))
+
+
 def inert_page(page: str) -> str:
-    """A rendered feedback page with its body sanitised (the head is the template's own: CSS, MathJax)."""
+    """A rendered feedback page with its body sanitised (the head is the template's own: CSS, MathJax).
+
+    The whole page then carries no control character but newline and tab and no bidirectional
+    override: terminal escapes (ESC/CSI/OSC, BEL, C1) from markdown, outputs and messages, and
+    U+202E and its kind, are shown as visible symbols (:func:`visible_controls`).
+    """
     start = page.find("<body")
     opened = page.find(">", start) + 1 if start >= 0 else -1
     end = page.rfind("</body>")
     if start < 0 or opened <= 0 or end < opened:  # not the template's shape: sanitise all of it
-        return "<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>" + inert_html(page) + "</body></html>"
-    return page[:start] + "<body>" + inert_html(page[opened:end]) + page[end:]
+        page = "<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>" + inert_html(page) + "</body></html>"
+        return visible_controls(page)
+    return visible_controls(page[:start] + "<body>" + inert_html(page[opened:end]) + page[end:])
 
 
 def _failure_page(folder: Path, names: list[str], message: str) -> None:
@@ -134,4 +160,4 @@ def _failure_page(folder: Path, names: list[str], message: str) -> None:
             "<p><strong>Your notebook could not be graded automatically:</strong> "
             f"{html.escape(message)}.</p><p>Your instructor will grade it by hand.</p></body></html>"
         )
-        (folder / f"{Path(name).stem}.html").write_text(page)
+        (folder / f"{Path(name).stem}.html").write_text(visible_controls(page))

@@ -93,6 +93,20 @@ SCRIPTS = [
 ]
 
 
+# Terminal control bytes and bidi overrides a student can put into markdown, stdout and a failure message.
+CONTROL_TEXT = (
+    "esc\x1b[31mred\x1b[0m osc\x1b]0;title\x07 bel\x07 c1\x9b2J\x85 cr\rx bidi\u202eevil\u2066iso\u2069 del\x7f"
+)
+CONTROLS_ANSWER = (
+    "# EXERCISE: ex1_1\nprint("
+    + repr(CONTROL_TEXT)
+    + ")\n\ndef add(a, b):\n    raise ValueError("
+    + repr(CONTROL_TEXT)
+    + ")"
+)
+FORBIDDEN_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def _meta(grade_id: str, test: bool, points: int = 0) -> dict:
     meta = {"grade": test, "grade_id": grade_id, "locked": test, "schema_version": 3, "solution": not test}
     meta["task"] = False
@@ -140,7 +154,13 @@ def graded(tmp_path_factory):
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": "</script><script>alert(1)"}}
     nbformat.write(nb, str(planted))
 
-    students = ["clean", "scripts", *LEAKS]
+    submit("controls", CONTROLS_ANSWER, [new_markdown_cell("markdown " + CONTROL_TEXT)])
+    planted = course.submitted / "controls" / ASSIGNMENT / NAME
+    nb = nbformat.read(str(planted), as_version=4)
+    nb.metadata["autograder"] = {"repair": ["a note " + CONTROL_TEXT]}
+    nbformat.write(nb, str(planted))
+
+    students = ["clean", "scripts", "controls", *LEAKS]
     repair_submissions(course, ASSIGNMENT, students)
     results = {r.student: r for r in grade(course, ASSIGNMENT, students, workers=2)}
     generate_feedback(course, ASSIGNMENT, students)
@@ -252,5 +272,27 @@ def test_hidden_text_finds_code_but_not_messages():
 
 
 def test_leak_fixture_names_match(graded):
-    assert set(graded["pages"]) == {"clean", "scripts", *LEAKS}
+    assert set(graded["pages"]) == {"clean", "scripts", "controls", *LEAKS}
     assert Path(graded["course"].feedback).is_dir()
+
+
+def test_feedback_pages_carry_no_control_characters_or_bidi_overrides(graded):
+    """Only newline and tab; terminal escapes and U+202E from markdown, stdout and messages are shown visibly."""
+    for student, page in graded["pages"].items():
+        found = sorted({f"U+{ord(ch):04X}" for ch in FORBIDDEN_CHARACTERS.findall(page)})
+        assert not found, f"{student}: the feedback page carries {found}"
+    text = graded["pages"]["controls"]
+    assert text.count("\u241b") >= 3 and "\u27e8U+202E\u27e9" in text, "the escapes are shown, not dropped"
+    assert "ValueError" in text and "markdown esc" in text
+
+
+def test_visible_controls_on_every_kind():
+    from autograder.feedback import inert_page, visible_controls
+
+    assert visible_controls("a\tb\nc") == "a\tb\nc"
+    every = "".join(
+        chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+    )
+    shown = inert_page(f"<html><head></head><body><p>{every}</p></body></html>")
+    assert not FORBIDDEN_CHARACTERS.search(shown.replace("\t", "").replace("\n", ""))
+    assert "\u241b" in shown and "\u27e8U+009B\u27e9" in shown and "\u27e8U+2069\u27e9" in shown

@@ -248,6 +248,12 @@ class ResilientExecution(LoggingConfigurable):
     max_message_bytes = Integer(
         64 * 2**20, help="Largest message accepted from the kernel (bytes); a bigger one disconnects it."
     ).tag(config=True)
+    kernel_uid = Integer(
+        0,
+        help="The uid the kernel runs as when it has one of its own (the grading sandbox): every process of it "
+        "is killed before a restart, so children the notebook forked (even in a session of their own) neither "
+        "hold the kernel's ports nor use up its process limit. 0: only the kernel's process group is killed.",
+    ).tag(config=True)
 
     def reset_execution_trackers(self) -> None:
         super().reset_execution_trackers()
@@ -347,7 +353,11 @@ class ResilientExecution(LoggingConfigurable):
             if self.kc is not None:
                 self.kc.stop_channels()
                 self.kc = None
-            await ensure_async(self.km.restart_kernel(now=True))
+            strays = kill_processes_of(self.kernel_uid) if self.kernel_uid else 0
+            if strays:
+                self._event(-1, "killed-processes", f"{strays} process(es) the notebook had started were stopped")
+            # New ports: a child the notebook forked (and that escaped the kill) may still hold the old ones.
+            await ensure_async(self.km.restart_kernel(now=True, newports=True))
             await self.async_start_new_kernel_client()
             for index in list(self._clean_cells):
                 msg_id = self.kc.execute(self.nb.cells[index].source, store_history=False, stop_on_error=False)
@@ -365,6 +375,44 @@ class ResilientExecution(LoggingConfigurable):
                 await ensure_async(self.km.shutdown_kernel(now=True))
         except Exception:  # already gone
             pass
+
+
+def kill_processes_of(uid: int, rounds: int = 50) -> int:
+    """SIGKILL every process of ``uid`` this process can see (its PID namespace); returns how many.
+
+    Repeated until none is left, so that a process forking while the others die is caught too.
+    Never used for uid 0 or this process's own uid.
+    """
+    import os
+    import time
+
+    if uid <= 0 or uid in (os.getuid(), os.geteuid()):
+        return 0
+    killed = 0
+    for _ in range(rounds):
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/status") as status:
+                    for line in status:
+                        if line.startswith("Uid:"):
+                            if int(line.split()[1]) == uid or int(line.split()[2]) == uid:
+                                found.append(int(entry))
+                            break
+            except (OSError, ValueError):
+                continue
+        if not found:
+            return killed
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        time.sleep(0.02)
+    return killed
 
 
 def _death_message(code: int | None) -> str:

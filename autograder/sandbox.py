@@ -361,6 +361,7 @@ def nbgrader_settings(c, spec: dict, root: str) -> None:
     }
     c.ResilientExecute.max_kernel_restarts = limits.max_kernel_restarts
     c.ResilientExecute.max_output_chars = limits.output_chars
+    c.ResilientExecute.kernel_uid = int(spec.get("uid") or 0)
     c.Autograde.autograde_preprocessors = [
         ResilientExecute,
         IgnorePattern,

@@ -72,6 +72,30 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="larger request bodies get 413 (default 4 MiB)",
     )
     parser.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=64 * 1024,
+        help="request line + headers larger than this get 431 and the connection is closed (default 64 KiB)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=20.0,
+        help="seconds for a request line and headers to arrive, else 408 and close (default 20)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=20.0,
+        help="seconds without a byte of an unfinished request body, else 408 and close (default 20)",
+    )
+    parser.add_argument(
+        "--timeout-keep-alive",
+        type=float,
+        default=5.0,
+        help="close idle keep-alive connections after this many seconds (default 5, uvicorn's)",
+    )
+    parser.add_argument(
         "--default-max-tokens",
         type=int,
         default=DEFAULT_CHAT_MAX_TOKENS,
@@ -84,11 +108,10 @@ def serve(args: argparse.Namespace) -> int:
     import logging
 
     import torch
-    import uvicorn
 
     from course.env import QUIET_ENV
     from course.models import PROSE_NAME, TINY_NAME, load_model
-    from course.serving.background import uvicorn_server
+    from course.serving.background import ConnectionLimits, uvicorn_config, uvicorn_server
     from course.serving.engine_process import EngineStartError
     from course.serving.server import access_logger, create_app
 
@@ -123,8 +146,20 @@ def serve(args: argparse.Namespace) -> int:
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         access_logger.addHandler(handler)
         access_logger.setLevel(logging.INFO)
-    config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5
+    limits = ConnectionLimits(
+        max_header_bytes=args.max_header_bytes,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        keep_alive_timeout=args.timeout_keep_alive,
+    )
+    config = uvicorn_config(
+        app,
+        limits,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
     )
     server = uvicorn_server(config)  # stops the engine first on SIGTERM / Ctrl-C: requests end cleanly
     engine = app.state.engine

@@ -60,8 +60,19 @@ class BadRequest(Exception):
         self.err_type = err_type
 
 
+MAX_ERROR_MESSAGE_CHARS = 2000  # an error message never echoes more of a request than this
+MAX_ECHO_CHARS = 100  # a value quoted from the request (a model id, a field path) is cut to this
+
+
+def clip(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` cut to ``limit`` characters for quoting in an error message, saying how much was cut."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 def error_body(message: str, err_type: str = "BadRequestError", param: str | None = None, code: int | str = 400):
-    """``{"error": {...}}`` as vLLM sends it (``create_error_response``)."""
+    """``{"error": {...}}`` as vLLM sends it (``create_error_response``); the message is capped at
+    :data:`MAX_ERROR_MESSAGE_CHARS`, so no error echoes a huge request back."""
+    message = clip(message, MAX_ERROR_MESSAGE_CHARS)
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
@@ -187,13 +198,14 @@ def _check_json_tree(body: dict) -> None:
                 value.encode("utf-8")
             except UnicodeEncodeError:
                 raise BadRequest(
-                    f"'{path}' contains a lone surrogate (an unpaired \\ud800-\\udfff escape); send valid Unicode.",
+                    f"'{clip(path)}' contains a lone surrogate (an unpaired \\ud800-\\udfff escape); "
+                    "send valid Unicode.",
                     path.split(".")[0].split("[")[0] or None,
                 ) from None
         elif isinstance(value, (dict, list)):
             if depth > MAX_JSON_DEPTH:
                 raise BadRequest(
-                    f"The request body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels (at '{path}')."
+                    f"The request body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels (at '{clip(path)}')."
                 )
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
@@ -209,7 +221,7 @@ def _check_model(body: dict, ctx: ServingContext) -> str:
     model = _field(body, "model", (str,), default=ctx.model_names[0])
     if model not in ctx.model_names:  # 404, as OpenAI and vLLM answer
         raise BadRequest(
-            f"The model `{model}` does not exist. Served models: {', '.join(ctx.model_names)}.",
+            f"The model `{clip(model)}` does not exist. Served models: {clip(', '.join(ctx.model_names), 1000)}.",
             "model",
             status=404,
             err_type="NotFoundError",

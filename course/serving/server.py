@@ -31,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import time
+import unicodedata
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +44,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from course.models import LanguageModel
 from course.serving.detok import IncrementalDetokenizer
@@ -55,6 +58,7 @@ from course.serving.protocol import (
     GenerationRequest,
     Logprobs,
     ServingContext,
+    clip,
     error_body,
     find_stop,
     longest_token_chars,
@@ -69,6 +73,34 @@ if TYPE_CHECKING:
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 access_logger = logging.getLogger("course.serving.access")
+logger = logging.getLogger("course.serving.server")
+
+
+class ClientDisconnected(ConnectionError):
+    """The client went away: while its request body was read, or a write to it failed.
+
+    A ``ConnectionError`` (an ``OSError``), so that the stream's writer treats it as the client
+    vanishing. :class:`OperatorMiddleware` logs it as one INFO line; it never reaches uvicorn
+    (whose "Exception in ASGI application" traceback any client could otherwise write at will).
+    """
+
+
+def printable(text: str, limit: int = 2048) -> str:
+    """``text`` safe for one log line: control, format and line/paragraph-separator characters
+    (CR, LF, ESC, C1, bidirectional overrides, ...), backslash and double quote escaped as
+    ``\\xNN`` / ``\\uNNNN`` (nginx's way), and cut at ``limit`` characters."""
+    out = []
+    for char in text[:limit]:
+        code = ord(char)
+        if char in '"\\' or code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02X}")
+        elif code > 0x7F and unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
+            out.append(f"\\u{code:04X}" if code <= 0xFFFF else f"\\U{code:08X}")
+        else:
+            out.append(char)
+    if len(text) > limit:
+        out.append(f"...({len(text) - limit} more)")
+    return "".join(out)
 
 
 async def wait_for_disconnect(receive) -> None:
@@ -97,10 +129,16 @@ def _event_stream_response(events: AsyncIterator[str], on_disconnect):
             ]
 
         async def __call__(self, scope, receive, send) -> None:
+            state = scope.setdefault("state", {})
+
+            def client_left() -> None:
+                state.setdefault("client_gone", "while its response streamed")
+                on_disconnect()
+
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             watcher = asyncio.ensure_future(wait_for_disconnect(receive))
             # Abort as soon as the client goes, even while the stream waits for its next token.
-            watcher.add_done_callback(lambda task: task.cancelled() or on_disconnect())
+            watcher.add_done_callback(lambda task: task.cancelled() or client_left())
             try:
                 async for event in events:
                     if watcher.done():
@@ -108,8 +146,8 @@ def _event_stream_response(events: AsyncIterator[str], on_disconnect):
                     await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
                 if not watcher.done():
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
-            except OSError:  # the client vanished mid-write
-                on_disconnect()
+            except OSError:  # the client vanished mid-write (ClientDisconnected, or the socket's own error)
+                client_left()
             finally:
                 watcher.cancel()
                 await events.aclose()
@@ -271,16 +309,28 @@ async def read_body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise too_large(f"{int(declared)} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(f"more than {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(f"more than {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientDisconnected(f"while sending its request body ({size} bytes received)") from None
     return b"".join(chunks)
 
 
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII: safe in a header and a log line
+
+
 class OperatorMiddleware:
-    """Pure ASGI (streams pass through untouched): API key, X-Request-Id, the access log."""
+    """Pure ASGI (streams pass through untouched): API key, X-Request-Id, the access log, disconnects.
+
+    Every field of an access-log line that a client chose (the path, the method, the request id)
+    is escaped with :func:`printable`, so that a percent-encoded CR LF or ESC in a path cannot forge
+    log lines or terminal escapes. A client that goes away is logged as one INFO line on
+    ``course.serving.server``; a failed write to it never becomes a traceback.
+    """
 
     def __init__(self, app, api_key: str | None, access_log: bool) -> None:
         self.app, self.access_log = app, access_log
@@ -289,8 +339,10 @@ class OperatorMiddleware:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        raw_headers = scope.get("headers") or []
+        headers = dict(raw_headers)
+        given_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128]
+        request_id = given_id if _REQUEST_ID.fullmatch(given_id) else uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         start, status = time.perf_counter(), [0]
@@ -299,29 +351,55 @@ class OperatorMiddleware:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id.encode())]}
-            await send(message)
+            try:
+                await send(message)
+            except Exception as err:  # the transport is gone (uvloop: RuntimeError "the handler is closed")
+                raise ClientDisconnected(f"while its response was written ({type(err).__name__}: {err})") from None
 
         try:
-            if (
+            authorizations = sum(1 for name, _ in raw_headers if name == b"authorization")
+            refusal = None
+            if authorizations > 1:  # which one counts would be a guess: refuse (RFC 9110 allows one)
+                refusal = (
+                    400,
+                    error_body(
+                        f"The request has {authorizations} Authorization headers; send exactly one.", "BadRequestError"
+                    ),
+                )
+            elif (
                 self.api_key
                 and scope["path"].startswith("/v1")
                 and not _same(headers.get(b"authorization"), self.api_key)
             ):
-                body = error_body(
-                    "Invalid or missing API key: send 'Authorization: Bearer <key>'.", "AuthenticationError", code=401
+                refusal = (
+                    401,
+                    error_body(
+                        "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
+                        "AuthenticationError",
+                        code=401,
+                    ),
                 )
-                await JSONResponse(body, status_code=401)(scope, receive, send_with_id)
+            if refusal is not None:
+                await JSONResponse(refusal[1], status_code=refusal[0])(scope, receive, send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
+        except (ClientDisconnected, ClientDisconnect) as err:
+            state.setdefault("client_gone", str(err) or "while its request was read")
         finally:
+            client = scope.get("client") or ("-", 0)
+            line = (printable(str(client[0]), 64), printable(scope["method"], 32), printable(scope["path"]))
+            if "client_gone" in state:
+                logger.info(
+                    '%s "%s %s" request_id=%s: the client went away %s',
+                    *line,
+                    request_id,
+                    printable(state["client_gone"], 200),
+                )
             if self.access_log:
                 prompt, completion = state.get("usage", ("-", "-"))
-                client = scope.get("client") or ("-", 0)
                 access_logger.info(
                     '%s "%s %s" %s %.1f ms request_id=%s prompt_tokens=%s completion_tokens=%s',
-                    client[0],
-                    scope["method"],
-                    scope["path"],
+                    *line,
                     status[0] or "-",
                     1e3 * (time.perf_counter() - start),
                     request_id,
@@ -469,6 +547,7 @@ def create_app(
         if collecting not in done:  # the client went away: stop generating, free the cache
             generation.abort()
             collecting.cancel()
+            request.scope.setdefault("state", {}).setdefault("client_gone", "before its response was ready")
             return Response(status_code=499)
         watcher.cancel()
         try:
@@ -500,7 +579,9 @@ def create_app(
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         if model_id not in context.model_names:
-            raise BadRequest(f"The model `{model_id}` does not exist.", "model", status=404, err_type="NotFoundError")
+            raise BadRequest(
+                f"The model `{clip(model_id)}` does not exist.", "model", status=404, err_type="NotFoundError"
+            )
         return model_card(model_id)
 
     @app.get("/health")

@@ -22,6 +22,7 @@ Used inside the grading sandbox (through nbgrader, see :mod:`autograder.nbgrader
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import signal
@@ -31,7 +32,7 @@ from typing import Any
 from jupyter_core.utils import ensure_async, run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
-from traitlets import Integer
+from traitlets import Bool, Integer
 from traitlets.config import LoggingConfigurable
 
 HIDDEN_BEGIN = "BEGIN HIDDEN TESTS"
@@ -248,6 +249,13 @@ class ResilientExecution(LoggingConfigurable):
     max_message_bytes = Integer(
         64 * 2**20, help="Largest message accepted from the kernel (bytes); a bigger one disconnects it."
     ).tag(config=True)
+    check_integrity = Bool(
+        False,
+        help="After every test cell, ask the kernel (autograder.guard, installed by autograder.kernel) whether "
+        "the test machinery was replaced and whether the cell ran as sent; record the reasons in "
+        "integrity_problems. Also: a test cell whose execute reply says it failed fails, even when the "
+        "notebook silenced the error output.",
+    ).tag(config=True)
     kernel_uid = Integer(
         0,
         help="The uid the kernel runs as when it has one of its own (the grading sandbox): every process of it "
@@ -263,6 +271,8 @@ class ResilientExecution(LoggingConfigurable):
         self._output_chars: dict[int, int] = {}
         self._truncated: set[int] = set()
         self.grading_events: list[dict[str, Any]] = []
+        self.integrity_problems: list[str] = []
+        self._replies: dict[int, dict] = {}
 
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
@@ -328,12 +338,56 @@ class ResilientExecution(LoggingConfigurable):
             self._event(cell_index, "unresponsive", message)
             await self._restart_and_replay()
             return cell
+        if self.check_integrity and _is_test_cell(cell):
+            await self._check_test_cell(cell, cell_index)
         if has_error(cell):
             if any(o.get("ename") == TIMEOUT_ENAME for o in cell.outputs if o.get("output_type") == "error"):
                 self._event(cell_index, "timeout", f"interrupted after {self.timeout} s")
         else:
             self._clean_cells.append(cell_index)
         return cell
+
+    async def _check_raise_for_error(self, cell, cell_index, exec_reply):
+        self._replies[cell_index] = exec_reply
+        return await super()._check_raise_for_error(cell, cell_index, exec_reply)
+
+    async def _check_test_cell(self, cell, cell_index: int) -> None:
+        """A test cell's reply and the kernel's guard: fail a silenced error, record replaced machinery."""
+        from autograder import guard
+
+        reply = self._replies.pop(cell_index, None)
+        content = (reply or {}).get("content", {})
+        if content.get("status") == "error" and not has_error(cell):
+            ename = str(content.get("ename") or "Error")
+            cell.outputs = list(cell.get("outputs", [])) + [
+                error_output(ename, f"{content.get('evalue', '')} (the test failed; its error output was silenced)")
+            ]
+            self._tampered(cell_index, "a failing test's error output was silenced")
+        expression = guard.EXPRESSION.format(sha=guard.sha256(cell.source))
+        try:
+            msg_id = self.kc.execute(
+                "", silent=True, store_history=False, user_expressions={"guard": expression}, stop_on_error=False
+            )
+            answer = await self.async_wait_for_reply(msg_id)
+        except Exception as err:  # noqa: BLE001 (a kernel that does not answer is itself the finding)
+            self._tampered(cell_index, f"the grader's check got no answer ({type(err).__name__})")
+            return
+        result = ((answer or {}).get("content", {}).get("user_expressions") or {}).get("guard") or {}
+        text = result.get("data", {}).get("text/plain", "") if result.get("status") == "ok" else ""
+        try:
+            verdict = ast.literal_eval(text) if text else None
+        except (ValueError, SyntaxError):
+            verdict = None
+        if verdict == guard.OK:
+            return
+        if not isinstance(verdict, str) or not verdict:
+            verdict = "the grader's check did not answer as the grading kernel does"
+        self._tampered(cell_index, verdict)
+
+    def _tampered(self, cell_index: int, reason: str) -> None:
+        if reason not in self.integrity_problems:
+            self.integrity_problems.append(reason)
+        self._event(cell_index, "tampered", f"score not trusted: {reason}")
 
     execute_cell = run_sync(async_execute_cell)
 
@@ -375,6 +429,11 @@ class ResilientExecution(LoggingConfigurable):
                 await ensure_async(self.km.shutdown_kernel(now=True))
         except Exception:  # already gone
             pass
+
+
+def _is_test_cell(cell) -> bool:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return cell.get("cell_type") == "code" and bool(meta.get("grade")) and not meta.get("solution")
 
 
 def kill_processes_of(uid: int, rounds: int = 50) -> int:

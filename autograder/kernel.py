@@ -13,7 +13,8 @@ bubblewrap sandbox. Before any student code runs it
   parallel grading slot has its own uid, so the process limit is per student.
 
 Then it becomes an ordinary ipykernel in the same process (same pid, so nbgrader can still
-interrupt, kill and restart it).
+interrupt, kill and restart it), after :func:`autograder.guard.install` has recorded the machinery
+the tests run through, so that the grader notices a notebook that replaced it.
 """
 
 from __future__ import annotations
@@ -92,7 +93,12 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = ["ipykernel_launcher", *argv]
     from ipykernel import kernelapp
 
-    kernelapp.launch_new_instance()
+    app = kernelapp.IPKernelApp.instance()
+    app.initialize()
+    from autograder import guard
+
+    guard.install(app.kernel)  # before any student code: what the test machinery is (see autograder.guard)
+    app.start()
 
 
 if __name__ == "__main__":

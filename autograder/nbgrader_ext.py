@@ -30,6 +30,7 @@ class ResilientExecute(execution.ResilientExecution, Execute):
             grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") if cell is not None else None
             events.append({**event, "grade_id": grade_id})
         nb.metadata.setdefault("autograder", {})["events"] = events
+        nb.metadata["autograder"]["integrity"] = list(self.integrity_problems)
         return nb, resources
 
 

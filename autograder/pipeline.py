@@ -282,7 +282,7 @@ def _grade(course, assignment, students, workers, sandbox, limits, template, pro
         finally:
             with slot_lock:
                 slots.append(slot)
-        result.flags = flags
+        result.flags = flags + result.flags  # collect's and repair's, then the sandbox's (replaced test machinery)
         with merge_lock:
             _store(course, assignment, result, job.timestamp)
         if not keep_jobs:

@@ -362,6 +362,7 @@ def nbgrader_settings(c, spec: dict, root: str) -> None:
     c.ResilientExecute.max_kernel_restarts = limits.max_kernel_restarts
     c.ResilientExecute.max_output_chars = limits.output_chars
     c.ResilientExecute.kernel_uid = int(spec.get("uid") or 0)
+    c.ResilientExecute.check_integrity = True
     c.Autograde.autograde_preprocessors = [
         ResilientExecute,
         IgnorePattern,
@@ -445,6 +446,7 @@ def run_job_inside(inbox: Path, work: Path, outbox: Path) -> int:
     status, message = "graded", ""
     graded_dir = work / "autograded" / student / assignment
     autograded = {}
+    flags: list[str] = []
     (outbox / "autograded").mkdir(exist_ok=True)
     for name in spec["notebooks"]:
         path = graded_dir / name
@@ -461,6 +463,7 @@ def run_job_inside(inbox: Path, work: Path, outbox: Path) -> int:
         ):
             shutil.copyfile(path, outbox / "autograded" / name)
             autograded[name] = name
+            flags += _integrity_flags(path, name)
     if len(autograded) < len(spec["notebooks"]):
         status = "failed"
         message = "nbgrader could not grade the notebook; see the grading log"
@@ -478,9 +481,20 @@ def run_job_inside(inbox: Path, work: Path, outbox: Path) -> int:
         "comments": comments,
         "autograded": autograded,
         "timings": timings,
+        "flags": flags,
     }
     (outbox / "result.json").write_text(json.dumps(result))
     return 0
+
+
+def _integrity_flags(path: Path, name: str) -> list[str]:
+    """Why the grader does not trust the scores of an autograded notebook (written by nbgrader, not the kernel)."""
+    try:
+        record = json.loads(path.read_text()).get("metadata", {}).get("autograder", {})
+        problems = record.get("integrity", []) if isinstance(record, dict) else []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [f"{name}: score not trusted: {problem}" for problem in problems if isinstance(problem, str)]
 
 
 def _read_scores(work: Path, assignment: str, student: str, names: list[str]) -> tuple[dict, dict]:

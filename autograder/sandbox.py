@@ -220,15 +220,23 @@ def _bwrap_command(job_dir: Path, limits: Limits) -> list[str]:
     for path in sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), *_package_dirs()}):
         if not any(path == m or path.startswith(m + "/") for m in mounted):
             mounted.append(path)
+    binds = [(path, path) for path in mounted[1:]]
+    # A virtual environment reached through a symbolic link (a venv shared by two course copies, a
+    # link to it): the interpreter is started by the link's path, so the link's path must exist too.
+    for path in {os.path.abspath(sys.prefix), os.path.abspath(os.path.dirname(sys.executable))}:
+        real = os.path.realpath(path)
+        if real != path and not any(path == m or path.startswith(m + "/") for m in mounted):
+            binds.append((real, path))
+            mounted.append(path)
     created = set()
-    for path in mounted[1:]:
+    for source, path in binds:
         # bwrap would create the parents of a mount point as 0700 root: the kernel's user could not
         # walk through them to the Python installation.
         for parent in reversed(Path(path).parents[:-1]):
             if str(parent) not in created and str(parent) not in {"/usr", "/etc", "/tmp"}:
                 command += ["--perms", "0755", "--dir", str(parent)]
                 created.add(str(parent))
-        command += ["--ro-bind", path, path]
+        command += ["--ro-bind", source, path]
     command += ["--ro-bind", str(job_dir / "in"), "/input", "--bind", str(job_dir / "out"), "/output"]
     command += ["--chdir", "/grading", "--"]
     return command

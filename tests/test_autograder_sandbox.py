@@ -211,3 +211,23 @@ def test_two_runs_at_once_grade_with_different_uids(tmp_path):
     uids = {record["uid"] for record in records}
     assert len(uids) == 2 and all(uid >= SANDBOX_UID_BASE for uid in uids), uids
     assert all(record["grades"][NAME]["ex1_1_add"]["auto_score"] == 1.0 for record in records)
+
+
+@needs_bwrap
+def test_a_virtual_environment_reached_through_a_symlink_runs_in_the_sandbox(tmp_path, monkeypatch):
+    """A venv shared by course copies through a link: the interpreter starts by the link's path inside."""
+    import subprocess
+    import sys
+
+    from autograder.sandbox import _bwrap_command, _clean_env
+
+    link = tmp_path / "shared-venv"
+    link.symlink_to(Path(sys.prefix).resolve(), target_is_directory=True)
+    monkeypatch.setattr(sys, "prefix", str(link))
+    monkeypatch.setattr(sys, "executable", str(link / "bin" / Path(sys.executable).name))
+    job = tmp_path / "job"
+    for folder in (job / "in", job / "out"):
+        folder.mkdir(parents=True)
+    command = _bwrap_command(job, Limits()) + [sys.executable, "-c", "import autograder.kernel, nbgrader; print('ok')"]
+    done = subprocess.run(command, env=_clean_env(Limits(threads=1)), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

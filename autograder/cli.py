@@ -249,7 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit status: 0 when the step did its work (students needing manual grading are listed, not an error); "
         "2 on errors and bad input, as the `course` command.",
     )
-    parser.add_argument("--root", type=Path, default=None, help="nbgrader course root (default: this checkout)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="nbgrader course root (default: the course the current folder is in; a command run outside a course "
+        "refuses instead of acting on the checkout the autograder is installed from)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     rel = _command(
@@ -374,9 +380,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def find_course(start: Path) -> Path | None:
+    """The course holding ``start``: the nearest folder with nbgrader_config.py, or solutions/ and modules/."""
+    start = start.resolve()
+    for folder in (start, *start.parents):
+        if (folder / "nbgrader_config.py").is_file() or (
+            (folder / "solutions").is_dir() and (folder / "modules").is_dir()
+        ):
+            return folder
+    return None
+
+
+def course_root(explicit: Path | None, cwd: Path | None = None) -> Path:
+    """The course root a command acts on: ``--root`` when given, else the course the current folder is in.
+
+    Never the checkout the installed package comes from by default: with a virtual environment shared
+    by several course copies (or an editable install of another clone), that would be another course.
+    """
+    from autograder.config import repo_root
+
+    if explicit is not None:
+        return Path(explicit).resolve()
+    here = Path.cwd() if cwd is None else Path(cwd)
+    found = find_course(here)
+    if found is None:
+        raise RuntimeError(
+            f"the current folder ({here.resolve()}) is not inside a course (no nbgrader_config.py, or solutions/ "
+            f"and modules/, in it or above it): cd into the course, or name it with --root DIR (the course this "
+            f"autograder is installed from is {repo_root()})"
+        )
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command != "check":
+            from autograder.config import repo_root
+
+            args.root = course_root(args.root)
+            print(f"autograder {args.command}: course root {args.root}", file=sys.stderr)
+            installed = repo_root()
+            if installed != args.root:
+                print(
+                    f"autograder {args.command}: note: the autograder and course library in use come from "
+                    f"{installed} (this virtual environment's install), not from {args.root}",
+                    file=sys.stderr,
+                )
         return args.run(args)
     except (RuntimeError, FileNotFoundError, ValueError, OSError) as err:
         print(f"autograder {args.command}: {err}", file=sys.stderr)

@@ -58,3 +58,33 @@ def test_a_damaged_download_is_a_clear_error(tmp_path, capsys):
     code = cli.main(["--root", str(tmp_path), "collect", str(bad), "--assignment", "m1"])
     assert code == 2
     assert "autograder collect:" in capsys.readouterr().err
+
+
+def test_outside_a_course_it_refuses_and_says_how(tmp_path, monkeypatch, capsys):
+    """Without --root, never act on the checkout the autograder is installed from (another course copy)."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["collect", str(tmp_path / "nowhere.zip"), "--assignment", "m1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "not inside a course" in err and "--root" in err and str(tmp_path) in err
+
+
+def test_it_acts_on_the_course_of_the_current_folder_and_says_which(tmp_path, monkeypatch, capsys):
+    """A second course copy (sharing this virtual environment): commands run in it act on it, and print it."""
+    clone = tmp_path / "copy"
+    (clone / "solutions").mkdir(parents=True)
+    (clone / "modules" / "m1").mkdir(parents=True)
+    (clone / "modules" / "m1" / "x.ipynb").write_text(
+        '{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}'
+    )
+    (clone / "nbgrader_config.py").write_text("")
+    (clone / "sub").mkdir()
+    monkeypatch.chdir(clone / "sub")
+    code = cli.main(["collect", str(tmp_path / "nowhere.zip"), "--assignment", "m1"])
+    err = capsys.readouterr().err
+    assert f"course root {clone.resolve()}" in err, err
+    assert code == 2 and "neither a zip file nor a folder" in err
+    assert (clone / "grading").is_dir(), "the working folders are the copy's"
+    explicit = tmp_path / "other"
+    code = cli.main(["--root", str(explicit), "collect", str(tmp_path / "nowhere.zip"), "--assignment", "m1"])
+    assert f"course root {explicit.resolve()}" in capsys.readouterr().err

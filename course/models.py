@@ -334,8 +334,12 @@ def _hub_disabled() -> str | None:
     return None
 
 
-def load_hub_model(name: str, device: str, dtype=None) -> LanguageModel:
-    """Load a real model from the Hugging Face Hub (raises when the Hub is unreachable)."""
+class ModelUnavailable(RuntimeError):
+    """The model asked for cannot be loaded, and no fallback to another model was asked for."""
+
+
+def load_hub_model(name: str, device: str, dtype=None, source: str = "Hugging Face Hub") -> LanguageModel:
+    """Load a real model from the Hugging Face Hub or a local folder (raises when it cannot)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -345,7 +349,7 @@ def load_hub_model(name: str, device: str, dtype=None) -> LanguageModel:
     tokenizer = AutoTokenizer.from_pretrained(name)
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device).eval()
     geometry = from_hf_config(model.config, name=name, num_params=sum(p.numel() for p in model.parameters()))
-    return LanguageModel(model, tokenizer, name, "Hugging Face Hub", geometry)
+    return LanguageModel(model, tokenizer, name, source, geometry)
 
 
 def load_model(
@@ -356,15 +360,21 @@ def load_model(
     seed: int = 0,
     verbose: bool = True,
     offline: str = TINY_NAME,
+    fallback: bool | None = None,
 ) -> LanguageModel:
     """The model a notebook should use on this runtime.
 
     On a GPU runtime with Hub access this loads a real small model (``HUB_MODEL``, or
     ``name``); everywhere else, or when the Hub cannot be reached, it builds an offline model
-    (``offline``) and says why. Asking for an offline model by name always works.
+    (``offline``) and says why. Asking for an offline model by name always works, and so does
+    a local model folder, whatever the Hub settings (``HF_HUB_OFFLINE`` does not apply to it).
+
+    A model asked for by name or folder is never silently replaced: when it cannot be loaded,
+    :class:`ModelUnavailable` names it, the model that would have stood in for it, and why.
 
     Args:
-        name: a Hub model id, ``TINY_NAME`` or ``PROSE_NAME``; None picks for the runtime.
+        name: a Hub model id, a local model folder, ``TINY_NAME`` or ``PROSE_NAME``; None picks
+            for the runtime.
         device: "cuda" or "cpu"; None = the GPU when there is one.
         allow_hub: try the Hub at all; None = only on a GPU runtime.
         seed: seed of the tiny model's weights (the prose model's are trained, not drawn).
@@ -374,6 +384,9 @@ def load_model(
             prose, so its text reads as text; built with the tiny model's 4,096-token context, see
             :func:`build_prose_model`). A GPU runtime without the Hub gets the Hub model's geometry
             with random weights instead, so that its timings carry over.
+        fallback: when the model cannot be loaded, use the offline stand-in (True, saying so) or
+            raise :class:`ModelUnavailable` (False). None: fall back only when ``name`` is None
+            (the runtime's own choice, as the notebooks rely on).
     """
     import torch
 
@@ -383,8 +396,21 @@ def load_model(
     if allow_hub is None:
         allow_hub = device.startswith("cuda") or (name not in (None, *OFFLINE_MODELS))
     reason = None
+    local = name is not None and name not in OFFLINE_MODELS and Path(name).expanduser().is_dir()
     if name in OFFLINE_MODELS:
         offline, reason = name, "asked for by name"
+    elif local:  # a folder on disk: no Hub involved, whatever HF_HUB_OFFLINE says
+        start = time.perf_counter()
+        try:
+            lm = load_hub_model(str(Path(name).expanduser()), device, source=f"local folder {name}")
+        except Exception as err:  # not a model folder, an unknown architecture, out of memory ...
+            first_line = (str(err).strip().splitlines() or [""])[0][:160]
+            reason = f"could not load the local folder {name} ({type(err).__name__}: {first_line})"
+        else:
+            lm.name = name
+            if verbose:
+                print(f"Loaded {lm.describe()} in {time.perf_counter() - start:.1f} s")
+            return lm
     elif not allow_hub:
         reason = "CPU runtime: the real model would take minutes per measurement here"
     elif blocked := _hub_disabled():
@@ -401,7 +427,21 @@ def load_model(
             if verbose:
                 print(f"Loaded {lm.describe()} in {time.perf_counter() - start:.1f} s")
             return lm
-    if device.startswith("cuda") and name not in OFFLINE_MODELS:
+    if fallback is None:
+        fallback = name is None
+    stand_in = (
+        f"{name or HUB_MODEL} (random weights)"
+        if device.startswith("cuda") and name not in OFFLINE_MODELS and not local
+        else offline
+    )
+    if name not in (None, *OFFLINE_MODELS) and not fallback:
+        raise ModelUnavailable(
+            f"{name} was asked for but cannot be loaded: {reason}. Not using {stand_in} in its place "
+            "(pass fallback=True to load_model, or --allow-fallback to course serve, to use it)."
+        )
+    if name not in (None, *OFFLINE_MODELS):
+        reason = f"{name} was asked for but cannot be loaded ({reason}); using {stand_in} in its place"
+    if device.startswith("cuda") and name not in OFFLINE_MODELS and not local:
         # A GPU runtime without the Hub still gets the real model's size, so the timings carry over.
         lm = build_random_hub_geometry(name or HUB_MODEL, seed=seed, device=device)
         if verbose:

@@ -25,8 +25,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         default=None,
         help="'tiny' (the offline random model), 'prose' (the offline model trained on the course's text, "
-        "whose output reads as text), a Hub id or a local model folder (default: tiny on CPU, a real small "
-        "model on a GPU runtime with Hub access)",
+        "whose output reads as text), a Hub id or a local model folder (loaded whatever HF_HUB_OFFLINE says; "
+        "a model that cannot be loaded is an error unless --allow-fallback) (default: tiny on CPU, a real "
+        "small model on a GPU runtime with Hub access)",
+    )
+    parser.add_argument(
+        "--allow-fallback",
+        action="store_true",
+        help="if --model cannot be loaded, serve the offline stand-in (under its own name) instead of failing",
     )
     parser.add_argument("--served-model-name", default=None, help="the id clients send as 'model'")
     parser.add_argument("--max-batch-size", type=int, default=64, help="requests decoded together (1 = one at a time)")
@@ -110,7 +116,7 @@ def serve(args: argparse.Namespace) -> int:
     import torch
 
     from course.env import QUIET_ENV
-    from course.models import PROSE_NAME, TINY_NAME, load_model
+    from course.models import PROSE_NAME, TINY_NAME, ModelUnavailable, load_model
     from course.serving.background import ConnectionLimits, uvicorn_config, uvicorn_server
     from course.serving.engine_process import EngineStartError
     from course.serving.server import access_logger, create_app
@@ -120,8 +126,18 @@ def serve(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     name = {"tiny": TINY_NAME, "prose": PROSE_NAME}.get(args.model, args.model)
-    lm = load_model(name, device=args.device, seed=args.seed, allow_hub=None if name is None else True)
-    aliases = (args.model,) if args.model not in (None, "tiny", "prose", lm.name) else ()
+    try:
+        lm = load_model(
+            name,
+            device=args.device,
+            seed=args.seed,
+            allow_hub=None if name is None else True,
+            fallback=True if args.allow_fallback else None,
+        )
+    except ModelUnavailable as err:
+        print(f"course serve: error: {err}", file=sys.stderr)
+        return 1
+    aliases = ()  # a stand-in is served under its own name only: never as the model that was asked for
     try:
         app = create_app(
             lm,

@@ -67,8 +67,10 @@ def test_engine_budget_split_matches_the_simulators_continuous_step(seed):
     arrivals = [[rng.randint(1, 3 * budget) for _ in range(rng.choice([0, 0, 1, 2, 5]))] for _ in range(iterations)]
     lifetimes = {}  # request index -> output tokens, the same on both sides
 
-    # The engine side: its Scheduler, no model. A request's prefill ends with its first token; it
-    # then decodes (one token per iteration) from the next iteration until it has its output.
+    # The engine side: its Scheduler, no model. A request's prefill ends with its first token, and
+    # it decodes in the same iteration (one token per iteration) until it has its output: one
+    # iteration ahead of vLLM, which decodes it from the next step on. So an engine request of L
+    # output tokens holds its row as long as a simulated one of L - 1.
     scheduler = Scheduler(max_batch, budget)
     decoding: dict[str, int] = {}  # request id -> output tokens still to come
     prefilling: list[EngineRequest] = []
@@ -83,10 +85,6 @@ def test_engine_budget_split_matches_the_simulators_continuous_step(seed):
         chunked.update(r.request_id for r in prefilling)
         plan = scheduler.schedule(len(decoding), prefilling, block=False)
         engine_steps.append(sorted([(rid, 1) for rid in decoding] + _ids(plan.chunks)))
-        for rid in list(decoding):  # the decode step
-            decoding[rid] -= 1
-            if decoding[rid] == 0:
-                del decoding[rid]
         for request, n in plan.chunks:  # the prefill: the engine moves num_computed_tokens on
             if request.num_computed_tokens == 0:
                 prefilling.append(request)
@@ -95,6 +93,10 @@ def test_engine_budget_split_matches_the_simulators_continuous_step(seed):
                 prefilling.remove(request)
                 if lifetimes[int(request.request_id[1:])] > 1:  # its first token came with the prefill
                     decoding[request.request_id] = lifetimes[int(request.request_id[1:])] - 1
+        for rid in list(decoding):  # the decode step, joined rows included
+            decoding[rid] -= 1
+            if decoding[rid] == 0:
+                del decoding[rid]
 
     # The simulator side: continuous_step with blocks enough for everything.
     blocks = BlockManager(num_blocks=100_000, block_size=16)
@@ -104,7 +106,7 @@ def test_engine_budget_split_matches_the_simulators_continuous_step(seed):
     index = 0
     for prompts in arrivals:
         for prompt in prompts:
-            waiting.append(SimRequest(f"r{index}", 0.0, prompt, lifetimes[index]))
+            waiting.append(SimRequest(f"r{index}", 0.0, prompt, max(lifetimes[index] - 1, 1)))
             index += 1
         scheduled = continuous_step(running, waiting, blocks, budget, max_batch)
         sim_steps.append(sorted((r.request_id, n) for r, n in scheduled))

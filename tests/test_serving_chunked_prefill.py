@@ -75,9 +75,9 @@ def test_a_running_stream_gets_a_token_in_every_iteration_of_a_long_prefill(lm64
     biggest = max(n for _, n in log.shapes)
     assert biggest <= budget - 1, f"one forward pass computed {biggest} prompt tokens, over the budget {budget}"
     assert iterations == math.ceil(prompt_len / (budget - 1))
-    recent = list(engine.iterations)[-iterations:]
-    assert all(it.decoded == 1 and it.decoded + it.prefilled <= budget for it in recent), recent
-    assert sum(it.prefilled for it in recent) == prompt_len
+    recent = list(engine.budget_used)[-iterations:]  # (decodes, prompt tokens) per iteration
+    assert all(decodes == 1 and decodes + prefilled <= budget for decodes, prefilled in recent), recent
+    assert sum(prefilled for _, prefilled in recent) == prompt_len
     engine.abort(stream.request_id)
     while engine.num_unfinished:
         engine.step()
@@ -210,5 +210,5 @@ def test_many_requests_with_small_budgets_keep_their_greedy_output(lm64, budget)
         thread.join(60)
     engine.stop()
     assert results == [greedy_reference(lm64, p, n) for p, n in zip(prompts, outputs)]
-    assert max(it.decoded + it.prefilled for it in engine.iterations) <= budget
+    assert max(decodes + prefilled for decodes, prefilled in engine.budget_used) <= budget
     assert engine.cache_tokens() == 0

@@ -9,7 +9,8 @@ position, so each row computes exactly what it would compute alone (up to float 
 ``tests/test_serving_engine.py`` checks batched greedy output against one-at-a-time greedy output in
 float64). Rows join by concatenation along the batch dimension and leave by index selection;
 columns that are padding in every row are trimmed away. A join or a leave copies the cache once
-(about what ``transformers``' dynamic cache copies at every step, since it appends with ``torch.cat``).
+(about what ``transformers``' dynamic cache copies at every step, since it appends with ``torch.cat``);
+for the lean runner's cache the join leaves room to grow, so the next decode steps append in place.
 """
 
 from __future__ import annotations
@@ -73,7 +74,6 @@ class BatchCache:
     def join(self, prompt_cache, keep: list[int], lengths: list[int], tokens: list[int], requests: list) -> None:
         """Add rows ``keep`` of a prefill's cache (for ``requests[i]``, i in keep) to the batch."""
         import torch
-        import torch.nn.functional as F
 
         index = torch.tensor(keep, device=self.device)
         new_layers = [(layer.keys, layer.values) for layer in prompt_cache.layers]
@@ -89,12 +89,14 @@ class BatchCache:
                 layer.keys, layer.values = k, v
             self.lengths, self.next = new_lengths, new_next
         else:
-            old_width = self.width
-            width = max(old_width, new_width)
+            width = max(self.width, new_width)
             for layer, (k, v) in zip(self.cache.layers, new_layers):
-                pad_old, pad_new = (0, 0, width - old_width, 0), (0, 0, width - new_width, 0)
-                layer.keys = torch.cat([F.pad(layer.keys, pad_old), F.pad(k, pad_new)], dim=0)
-                layer.values = torch.cat([F.pad(layer.values, pad_old), F.pad(v, pad_new)], dim=0)
+                if hasattr(layer, "adopt"):  # the lean runner's layer: build its buffer, with room to grow
+                    room = layer.room_for(width + 1)
+                    layer.adopt(_stacked(layer.keys, k, width, room), _stacked(layer.values, v, width, room), width)
+                else:
+                    layer.keys = _stacked(layer.keys, k, width, width)
+                    layer.values = _stacked(layer.values, v, width, width)
             self.lengths = torch.cat([self.lengths, new_lengths])
             self.next = torch.cat([self.next, new_next])
         self.rows.extend(requests[i] for i in keep)
@@ -136,3 +138,16 @@ class BatchCache:
 
     def _update_padding(self) -> None:
         self.padded = bool((self.lengths != self.width).any())
+
+
+def _stacked(old, new, width: int, room: int):
+    """``old`` rows above ``new`` rows, each left-padded with zeros to ``width`` tokens, in one new
+    ``(rows, kv_heads, room, head_dim)`` tensor (positions past ``width`` left unset): one copy of
+    each, where padding both and concatenating copied the old rows twice."""
+    rows_old, rows_new = old.shape[0], new.shape[0]
+    out = old.new_empty((rows_old + rows_new, old.shape[1], room, old.shape[3]))
+    for part, tensor in ((out[:rows_old], old), (out[rows_old:], new)):
+        pad = width - tensor.shape[-2]
+        part[:, :, :pad].zero_()  # padding stays finite: masked scores times NaN values would be NaN
+        part[:, :, pad:width] = tensor
+    return out

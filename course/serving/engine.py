@@ -8,13 +8,19 @@ each iteration of the engine loop
 2. splits the iteration's token budget as vLLM V1 does (:func:`~course.serving.scheduler.split_budget`):
    one token for every running request, then prompt chunks for the partly prefilled and the
    newly admitted requests with what is left;
-3. runs **one decode step for every running request at once** (one forward pass over a batch
-   of one new token per request) and hands each request its next token;
-4. prefills the chunks: the prompts that fit whole are prefilled together in one forward pass;
+3. prefills the chunks: the prompts that fit whole are prefilled together in one forward pass;
    a prompt that does not fit is prefilled a chunk per iteration, each chunk one forward pass
    over its tokens with the KV cache of the earlier chunks, which the request keeps between
    iterations (chunked prefill). A request whose prompt is complete gets its first token and
-   joins the running batch, to decode from the next iteration on.
+   joins the running batch;
+4. runs **one decode step for every running request at once** (one forward pass over a batch
+   of one new token per request) and hands each request its next token.
+
+A request that joined in step 3 is decoded in step 4 of the same iteration, as before chunked
+prefill: its second token follows its first without waiting an iteration, and every running
+stream gets exactly one token per iteration, so a stream's gap is one iteration. vLLM counts that
+token in the next step's budget; this engine computes it one iteration early, outside the budget
+(``tests/test_serving_admission.py`` runs the split beside the simulator's with that shift).
 
 New requests therefore join between two decode steps, and finished ones leave between two
 steps: iteration-level ("continuous") batching as in Orca (OSDI'22) and vLLM; and a long prompt
@@ -41,7 +47,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from course.models import LanguageModel
 from course.serving.batch_cache import BatchCache
@@ -50,16 +56,7 @@ from course.serving.runner import runner_for
 from course.serving.sampler import Sampler, SamplingParams
 from course.serving.scheduler import Schedule, Scheduler
 
-__all__ = ["Engine", "EngineRequest", "EngineStopped", "Iteration", "SamplingParams", "TokenEvent"]
-
-
-class Iteration(NamedTuple):
-    """One engine iteration, as :attr:`Engine.iterations` records it."""
-
-    start: float  # time.perf_counter() when it started
-    seconds: float
-    decoded: int  # requests that got a decode step
-    prefilled: int  # prompt tokens prefilled (the chunks' tokens)
+__all__ = ["Engine", "EngineRequest", "EngineStopped", "SamplingParams", "TokenEvent"]
 
 
 class Engine:
@@ -128,7 +125,9 @@ class Engine:
         self.decode_seconds = 0.0  # time spent in decode steps (forward + sampling + hand-off)
         self.prefill_seconds = 0.0
         self.last_error: str | None = None
-        self.iterations: deque[Iteration] = deque(maxlen=4096)  # the recent iterations
+        self.iterations: deque[tuple[float, float]] = deque(maxlen=4096)  # (start, seconds) of recent iterations
+        # (decodes, prompt tokens) each of those iterations' token budget was split into
+        self.budget_used: deque[tuple[int, int]] = deque(maxlen=4096)
 
     # --- public API (any thread) --------------------------------------------------------------
 
@@ -238,7 +237,7 @@ class Engine:
                     self._fail_everything("error:" + self.last_error)
 
     def _iteration(self, block: bool = True) -> bool:
-        """One engine iteration: aborts, one decode step, prompt chunks (prefill). True when stopped."""
+        """One engine iteration: aborts, prompt chunks (prefill), one decode step. True when stopped."""
         plan = self.scheduler.schedule(len(self.batch), self.prefilling, block)
         if plan.stop:
             self._fail_everything("unavailable:the engine is shut down")
@@ -246,18 +245,18 @@ class Engine:
         started = time.perf_counter()
         if plan.aborts:
             self._apply_aborts(plan)
-        decoded = len(self.batch)
-        if decoded:
-            start = time.perf_counter()
-            rows = list(self.batch.rows)
-            self._guarded(self._decode, rows, rows)
-            self.decode_seconds += time.perf_counter() - start
+        budgeted = len(self.batch)  # the decodes the budget counted (rows joining now come on top)
         if plan.chunks:
             start = time.perf_counter()
             self._guarded(self._prefill, plan.chunks, [r for r, _ in plan.chunks])
             self.prefill_seconds += time.perf_counter() - start
-        prefilled = sum(n for _, n in plan.chunks)
-        self.iterations.append(Iteration(started, time.perf_counter() - started, decoded, prefilled))
+        if self.batch.rows:
+            start = time.perf_counter()
+            rows = list(self.batch.rows)
+            self._guarded(self._decode, rows, rows)
+            self.decode_seconds += time.perf_counter() - start
+        self.iterations.append((started, time.perf_counter() - started))
+        self.budget_used.append((budgeted, sum(n for _, n in plan.chunks)))
         return False
 
     def _apply_aborts(self, plan: Schedule) -> None:

@@ -72,6 +72,19 @@ class KVLayer:
     _value_buffer: Any = field(default=None, repr=False)
     _view: Any = field(default=None, repr=False)  # the ``keys`` this layer last handed out
 
+    @staticmethod
+    def room_for(length: int) -> int:
+        """The buffer length that holds ``length`` tokens and room to grow (by half)."""
+        return length + max(16, length // 2)  # a request's decode allocates O(log T) times
+
+    def adopt(self, key_buffer, value_buffer, length: int) -> None:
+        """Take ``(rows, kv_heads, room, head_dim)`` buffers whose first ``length`` positions hold
+        the keys and values (the batch cache builds them when rows join): the next appends write
+        into their spare room instead of copying everything into a new buffer."""
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+        self.keys = self._view = key_buffer[:, :, :length]
+        self.values = value_buffer[:, :, :length]
+
     def append(self, keys, values) -> tuple[Any, Any]:
         """Add ``(rows, kv_heads, new, head_dim)`` keys and values; returns all of them."""
         if self.keys is None:
@@ -81,7 +94,7 @@ class KVLayer:
         end = old + keys.shape[-2]
         if self.keys is not self._view or end > self._key_buffer.shape[-2]:
             rows, heads, _, dim = self.keys.shape
-            room = end + max(16, end // 2)  # grow by half: a request's decode allocates O(log T) times
+            room = self.room_for(end)
             self._key_buffer = self.keys.new_empty((rows, heads, room, dim))
             self._value_buffer = self.values.new_empty((rows, heads, room, dim))
             self._key_buffer[:, :, :old] = self.keys

@@ -8,11 +8,11 @@ then partly prefilled prompts, oldest first, take what they still need, clipped 
 then waiting requests are admitted first come first served while the batch has a free row and
 budget is left, the last one cut to fit. A prompt longer than the budget is therefore prefilled
 over several iterations, a chunk per iteration, while the running requests keep decoding; no
-iteration computes more tokens than the budget, so no prompt, however long, stalls the running
-streams for longer than one chunk. (A prompt needs at least one token of the budget to start and
-every request that completes its prefill decodes from the next iteration on, so at most
-``max_prefill_tokens`` requests decode together.) ``tests/test_serving_admission.py`` runs this
-rule beside the simulator's.
+iteration's decodes and chunks together exceed the budget, so no prompt, however long, stalls the
+running streams for longer than one chunk. (A prompt needs at least one token of the budget to
+start, so at most ``max_prefill_tokens`` requests decode together. The engine also decodes a
+request in the iteration that completes its prompt, one iteration before vLLM would count that
+token.) ``tests/test_serving_admission.py`` runs this rule beside the simulator's.
 
 :class:`Scheduler` holds the waiting queue and the pending aborts under one lock, the state that
 other threads touch. Aborts are taken, and aborted waiting requests leave the queue, *before*

@@ -35,6 +35,9 @@ class HardwareSpec:
         driver_memory_bytes: the total the CUDA driver reports (bytes), which vLLM budgets
             from; None where only the datasheet figure is known.
         driver_memory_source: where that figure comes from (a vLLM startup log).
+        platform: the vLLM platform that serves on it: "cuda" or "cpu" (vLLM's CPU build).
+        supports_bf16: whether it computes in bfloat16 (NVIDIA compute capability >= 8.0, x86 and
+            aarch64 CPUs); vLLM serves a float32 checkpoint in bf16 where it does, else fp16.
     """
 
     name: str
@@ -44,6 +47,8 @@ class HardwareSpec:
     source: str
     driver_memory_bytes: float | None = None
     driver_memory_source: str = ""
+    platform: str = "cuda"
+    supports_bf16: bool = True
 
     @property
     def total_memory(self) -> float:
@@ -84,6 +89,7 @@ GPUS: dict[str, HardwareSpec] = {
             "https://sysrqmts.com/it/gpus/compare/nvidia-tesla-t10-processor-vs-nvidia-tesla-t4",
             14.74 * GiB,
             _LOG.format(gib="14.74") + " on a Colab T4 (public logs of ECC-enabled T4s also read 14.56 GiB)",
+            supports_bf16=False,  # compute capability 7.5 (vllm/platforms/cuda.py, supported_dtypes)
         ),
         HardwareSpec(
             "L4",
@@ -159,8 +165,32 @@ GPUS: dict[str, HardwareSpec] = {
 ALIASES = {"H100": "H100-SXM", "H200": "H200-SXM", "A100-80G": "A100-80GB", "A100-40G": "A100-40GB"}
 
 
+CPU_NAME = "CPU"
+
+
+def vllm_cpu(memory_bytes: float | None = None) -> HardwareSpec:
+    """This machine's CPU as vLLM's CPU build sees it: no datasheet roofs, its physical memory.
+
+    vLLM's CPU build budgets the KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB) when it is set, not
+    from a share of the memory (:mod:`course.kv.vllm`); the roofs are left unknown (measure them with
+    :func:`measure_runtime`).
+    """
+    memory = _physical_memory_bytes() if memory_bytes is None else float(memory_bytes)
+    return HardwareSpec(
+        CPU_NAME,
+        memory,
+        float("nan"),
+        float("nan"),
+        "this machine's physical memory (os.sysconf)",
+        platform="cpu",
+    )
+
+
 def gpu(name: str) -> HardwareSpec:
-    """Look up a catalogue GPU by name (case-insensitive; "H100" means the SXM part)."""
+    """Look up a catalogue GPU by name (case-insensitive; "H100" means the SXM part; "CPU" is
+    vLLM's CPU build on this machine, :func:`vllm_cpu`)."""
+    if name.upper() == CPU_NAME:
+        return vllm_cpu()
     wanted = ALIASES.get(name.upper(), name)
     for key, spec in GPUS.items():
         if key.lower() == wanted.lower():

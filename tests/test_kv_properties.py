@@ -78,6 +78,6 @@ def test_budget_never_hands_out_more_than_it_has(name, gpu, utilization, dtype, 
     assert b.num_blocks * b.page_bytes <= max(0.0, b.kv_memory)
     assert b.max_batch(context) * b.blocks_for(context) <= b.num_blocks
     assert (b.max_batch(context) + 1) * b.blocks_for(context) > b.num_blocks  # and no fewer than fit
-    assert b.num_tokens == b.num_blocks // len(b.groups) * b.block_size  # vLLM's "GPU KV cache size"
+    assert b.num_tokens == int(b.max_concurrency * b.max_model_len)  # vLLM's "GPU KV cache size"
     if len(b.groups) == 1 and b.groups[0].kind == "full_attention":  # full attention: blocks of every layer
         assert b.blocks_for(context) == -(-context // block_size)

@@ -113,8 +113,9 @@ def test_every_gpu_has_the_total_its_driver_reports_with_a_source():
 # --- 2. vLLM's budget today ----------------------------------------------------------------------------------
 
 
-def test_defaults_are_todays_vllm_with_the_seeds_starting_point_named():
-    assert vllm.GPU_MEMORY_UTILIZATION == 0.92 and vllm.SEED_GPU_MEMORY_UTILIZATION == 0.90
+def test_defaults_are_the_named_releases_with_the_old_utilization_named():
+    assert vllm.VLLM_VERSION == "0.32.0" and vllm.VLLM_RELEASE == "vLLM 0.32.0"
+    assert vllm.GPU_MEMORY_UTILIZATION == 0.92 and vllm.OLD_GPU_MEMORY_UTILIZATION == 0.90
     assert kv.budget("Llama-3-8B", "H100").utilization == 0.92
     assert vllm.ENABLE_PREFIX_CACHING and "vllm/config/cache.py" in vllm.SOURCE_FILES
 
@@ -123,7 +124,7 @@ def test_defaults_are_todays_vllm_with_the_seeds_starting_point_named():
     ("gpu", "tokens", "seqs"),
     [
         ("H100-SXM", 8192, 1024),
-        ("H200-SXM", 8192, 1024),
+        ("H200-SXM", 8192, 1024),  # 139.81 GiB: under the 160 GiB tier
         ("A100-80GB", 2048, 256),
         ("L4", 2048, 256),
         ("T4", 2048, 256),
@@ -147,7 +148,9 @@ def test_cuda_graphs_and_kv_cache_memory_bytes():
 
 def test_a_co_located_process_makes_vllm_refuse_to_start(capsys):
     b = kv.budget("Llama-3-8B", "H100", utilization=0.9, other_process_bytes=10 * GIB, max_model_len=8192)
-    assert b.startup_error.startswith("Free memory on device (69.14/79.14 GiB) on startup is less than desired GPU")
+    assert b.startup_error.startswith(
+        "Free memory on device cuda:0 (69.14/79.14 GiB) on startup is less than desired GPU memory utilization"
+    )
     assert b.num_blocks == 0 and not b.fits_one_request and "DOES NOT START" in b.table()
     assert kv.budget("Llama-3-8B", "H100", utilization=0.85, other_process_bytes=10 * GIB).startup_error is None
     assert course_main(["kv", "Llama-3-8B", "--other-process-gib", "10", "--utilization", "0.9"]) == 0
@@ -278,15 +281,22 @@ def test_state_layers_against_transformers_caches():
 def test_sliding_window_allocation_groups_and_concurrency_of_gemma3():
     b = kv.budget(GEMMA3_27B, "H100", utilization=0.9, weight_bytes=54 * GIB, max_model_len=131072)
     page = 16 * 2 * 16 * 128 * 2  # one block of one layer (AttentionSpec.page_size_bytes)
-    # 52 sliding + 10 full: groups of min(52, 10) = 10 layers; sliding cut into 6 groups (the last padded)
+    # 52 sliding + 10 full: groups of min(52, 10) = 10 layers; sliding dealt round-robin into 6 groups
     assert b.layers_per_group == 10 and len(b.groups) == 7
+    assert sorted(group.layers for group in b.groups) == [8, 8, 9, 9, 9, 9, 10]
     assert b.num_blocks == int(b.kv_memory // page // 10)
-    sliding = -(-min(1024 - 1 + 8192, 131072) // 16) + 1  # SlidingWindowSpec.max_memory_usage_bytes, in blocks
-    assert b.blocks_per_request == 131072 // 16 + 6 * sliding
+    # SlidingWindowSpec.max_memory_usage_bytes, in blocks: the window plus two batches in flight (async)
+    sliding = -(-min(1024 - 1 + 2 * 8192, 131072) // 16) + 1
+    assert b.in_flight_tokens == 2 * 8192 and b.blocks_per_request == 131072 // 16 + 6 * sliding
     assert b.max_concurrency == pytest.approx(b.num_blocks / (8192 + 6 * sliding))
-    assert b.num_tokens == b.num_blocks // 7 * 16  # "GPU KV cache size"
-    naive = b.num_tokens / 131072  # tokens / max_model_len
-    assert b.max_concurrency > naive  # the hybrid allocator serves more requests than the naive figure
+    assert b.num_tokens == int(b.max_concurrency * 131072)  # "GPU KV cache size" (get_kv_cache_capacity)
+    assert b.log_line == (
+        f"GPU KV cache size: {b.num_tokens:,} tokens, Maximum concurrency for 131,072 tokens per request: "
+        f"{b.max_concurrency:.2f}x"
+    )
+    synchronous = kv.budget(GEMMA3_27B, "H100", utilization=0.9, weight_bytes=54 * GIB, max_model_len=131072,
+                            async_scheduling=False)  # fmt: skip
+    assert synchronous.max_concurrency > b.max_concurrency  # one batch in flight reserves less
 
 
 def test_hybrid_state_models_get_vllms_larger_attention_block():
@@ -294,14 +304,17 @@ def test_hybrid_state_models_get_vllms_larger_attention_block():
     # the state page (1,097,728 B) needs 536 tokens of one attention layer (2,048 B); aligned to 16: 544
     assert b.block_size == 544 and b.layer_page_bytes == 544 * 2048
     assert (len(b.groups), b.layers_per_group) == (4, 12)  # 12 full + 36 state layers in groups of 12
-    assert b.blocks_per_request == -(-32768 // 544) + 3  # one state page per request in each state group
+    # "align" (prefix caching on): two state pages per request in each state group
+    assert b.state_pages == 2 and b.blocks_per_request == -(-32768 // 544) + 3 * 2
+    plain = kv.budget(QWEN3_NEXT, "H200", weight_bytes=150 * GIB, max_model_len=32768, mamba_cache_mode="none")
+    assert plain.blocks_per_request == -(-32768 // 544) + 3
 
 
 def test_uniform_models_keep_one_group_of_every_layer():
     b = kv.budget("Llama-3-8B", "H100", max_model_len=8192, weight_bytes=15 * GIB)
     assert len(b.groups) == 1 and b.layers_per_group == 32 and b.blocks_per_request == 512
     mistral = kv.budget("Mistral-7B-v0.1", "L4", max_model_len=32768, weight_bytes=13.5 * GIB, utilization=0.95)
-    assert mistral.blocks_per_request == -(-min(4095 + 2048, 32768) // 16) + 1  # every layer slides
+    assert mistral.blocks_per_request == -(-min(4095 + 2 * 2048, 32768) // 16) + 1  # every layer slides
 
 
 # --- 6. bad configs: a message naming the file and the field, exit 2 -------------------------------------------

@@ -21,7 +21,16 @@ bytes, GB = 10**9 bytes (datasheets).
 
 from course import hardware
 from course.kv import vllm
-from course.kv.budget import GiB, KVBudget, KVGroup, MiB, budget, kv_cache_groups, total_weight_bytes
+from course.kv.budget import (
+    GiB,
+    KVBudget,
+    KVGroup,
+    MiB,
+    budget,
+    kv_cache_groups,
+    state_pages_per_request,
+    total_weight_bytes,
+)
 from course.kv.catalogue import CATALOGUE_FILE, CatalogueEntry, catalogue, catalogue_entry, get_model, models
 from course.kv.cli import add_cli_arguments, run_cli
 from course.kv.dtypes import KV_DTYPES, KVDtype, get_kv_dtype, serving_dtype
@@ -77,6 +86,7 @@ __all__ = [
     "sequence_bytes",
     "serving_dtype",
     "state_bytes",
+    "state_pages_per_request",
     "total_weight_bytes",
     "vllm",
 ]

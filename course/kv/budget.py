@@ -1,18 +1,20 @@
-"""vLLM's KV-cache budget for a model on a GPU, computed the way vLLM computes it (see :mod:`course.kv.vllm`).
+"""vLLM's KV-cache budget for a model on a device, computed the way vLLM 0.32.0 computes it (see :mod:`course.kv.vllm`).
 
-At startup vLLM (``vllm/v1/worker/gpu_worker.py``):
+At startup vLLM:
 
-1. checks that ``gpu_memory_utilization x total`` is free (a co-located process makes it refuse to start);
-2. loads the weights and profiles one forward pass at ``max_num_batched_tokens`` (the activation peak),
-   notes memory outside PyTorch and, since v0.21, the CUDA graphs it will capture;
+1. checks that ``ceil(gpu_memory_utilization x total)`` is free (``v1/worker/utils.py``, ``request_memory``);
+2. loads the weights, profiles one forward pass at ``max_num_batched_tokens`` (the activation peak),
+   notes memory outside PyTorch and the CUDA graphs it will capture (``v1/worker/gpu_worker.py``);
 3. gives the KV cache ``requested - weights - activation peak - non-torch - CUDA graphs``, or exactly
-   ``kv_cache_memory_bytes`` when that is set (the utilization is then ignored);
-4. splits the layers into KV-cache groups of equal size and cuts the memory into blocks
-   (``vllm/v1/core/kv_cache_utils.py``): ``num_blocks = memory // page_size // layers_per_group``;
-5. logs "GPU KV cache size" (``num_blocks // groups x block_size`` tokens) and "Maximum concurrency"
-   (blocks over the blocks one ``max_model_len`` request needs in every group, each group's need
-   from its spec's ``max_memory_usage_bytes``: a sliding-window layer needs
-   ``min(window - 1 + max_num_batched_tokens, max_model_len)`` tokens plus one block).
+   ``kv_cache_memory_bytes`` when that is set (on the CPU build: ``VLLM_CPU_KVCACHE_SPACE`` GiB);
+4. splits the layers into KV-cache groups and cuts the memory into blocks (``v1/core/kv_cache_utils.py``):
+   ``num_blocks = memory // (page_size x layers_per_group)``;
+5. logs "GPU KV cache size: N tokens, Maximum concurrency for L tokens per request: C x"
+   (``get_kv_cache_capacity``): C is the blocks over the blocks one ``max_model_len`` request needs in
+   every group (each group's need from its spec's ``max_memory_usage_bytes``: a sliding-window layer
+   needs ``min(window - 1 + max_in_flight_tokens, max_model_len)`` tokens plus one block, where
+   ``max_in_flight_tokens`` is 2 x ``max_num_batched_tokens`` under async scheduling), and
+   N = ``int(C x max_model_len)``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class KVGroup:
 
     Attributes:
         kind: "full_attention", "sliding_attention", "chunked_attention" or "linear_attention" (a state).
-        layers: real layers in the group (the last group of a kind may be padded up to the group size).
+        layers: real layers in the group (a group with fewer than the group size is padded up to it).
         blocks_per_request: blocks this group needs for one request of ``max_model_len`` tokens.
         window: the sliding window or attention chunk (tokens), if any.
     """
@@ -50,27 +52,44 @@ class KVGroup:
     window: int | None = None
 
 
-def _blocks_for(kind: str, window: int | None, max_model_len: int, batched: int, block_size: int) -> int:
-    """Blocks one layer of ``kind`` needs for a max_model_len request (``*Spec.max_memory_usage_bytes``)."""
+def state_pages_per_request(mamba_cache_mode: str) -> int:
+    """State pages one request holds per state layer (``MambaSpec.max_memory_usage_bytes``).
+
+    "align" (vLLM's mode for hybrids when prefix caching is on, its default) keeps the running state
+    and the one at the last block boundary: 2 pages; "none" keeps 1. Mamba-2 mixers add a prefill
+    checkpoint page in "align" (``mamba_mixer2.py``, ``num_prefill_checkpoint_blocks=1``).
+    """
+    if mamba_cache_mode not in ("align", "none"):
+        raise ValueError(f"mamba_cache_mode: 'align' or 'none' (vLLM 0.32), got {mamba_cache_mode!r}")
+    return 2 if mamba_cache_mode == "align" else 1
+
+
+def _blocks_for(
+    kind: str, window: int | None, max_model_len: int, in_flight: int, block_size: int, state_pages: int = 1
+) -> int:
+    """Blocks one layer of ``kind`` needs for a max_model_len request (``*Spec.max_memory_usage_bytes``).
+
+    ``in_flight`` is vLLM's ``max_in_flight_tokens``: the tokens of every batch scheduled but not yet
+    settled, which sliding-window and chunked-local layers hold beyond their window.
+    """
     if kind == SLIDING:
-        return cdiv(min(window - 1 + batched, max_model_len), block_size) + 1
+        return cdiv(min(window - 1 + in_flight, max_model_len), block_size) + 1
     if kind == CHUNKED:
-        return cdiv(min(window + batched, max_model_len), block_size)
+        return cdiv(min(window + in_flight, max_model_len), block_size)
     if kind == STATE:
-        # MambaSpec.max_memory_usage_bytes with mamba_cache_mode "none": one state page per request
-        # ("align", the mode for prefix caching of state layers, keeps 2; "all", one per block)
-        return 1
+        return state_pages
     return cdiv(max_model_len, block_size)
 
 
 def kv_cache_groups(
-    g: ModelGeometry, max_model_len: int, max_num_batched_tokens: int, block_size: int
+    g: ModelGeometry, max_model_len: int, in_flight_tokens: int, block_size: int, state_pages: int = 1
 ) -> tuple[tuple[KVGroup, ...], int]:
     """vLLM's KV-cache groups and the layers per group (``_get_kv_cache_groups_uniform_page_size``).
 
     One kind of layer: one group of all layers. Several kinds: layers are grouped by kind, the group
     size is the smallest kind's count (or the largest's when it is under 1.5x the smallest), and each
-    kind is cut into ``cdiv(count, group_size)`` groups, the last one padded.
+    kind is dealt round-robin into ``cdiv(count, group_size)`` groups; every group is budgeted as
+    ``group_size`` layers (the shorter ones padded).
     """
     counts: dict[tuple[str, int | None], int] = {}
     for layer in range(g.num_layers):
@@ -87,15 +106,23 @@ def kv_cache_groups(
     if len(counts) == 1:
         (kind, window), layers = next(iter(counts.items()))
         return (
-            KVGroup(kind, layers, _blocks_for(kind, window, max_model_len, max_num_batched_tokens, block_size), window),
+            KVGroup(
+                kind,
+                layers,
+                _blocks_for(kind, window, max_model_len, in_flight_tokens, block_size, state_pages),
+                window,
+            ),
         ), layers
     smallest, largest = min(counts.values()), max(counts.values())
     group_size = largest if largest < smallest * 1.5 else smallest
     groups = []
     for (kind, window), layers in counts.items():
-        per_request = _blocks_for(kind, window, max_model_len, max_num_batched_tokens, block_size)
-        for i in range(cdiv(layers, group_size)):
-            groups.append(KVGroup(kind, min(group_size, layers - i * group_size), per_request, window))
+        per_request = _blocks_for(kind, window, max_model_len, in_flight_tokens, block_size, state_pages)
+        # vLLM deals the layers of a kind round-robin over its groups (layers[i::num_groups]), so that
+        # pipeline stages pad evenly: the groups differ by at most one layer.
+        num_groups = cdiv(layers, group_size)
+        for i in range(num_groups):
+            groups.append(KVGroup(kind, len(range(i, layers, num_groups)), per_request, window))
     return tuple(groups), group_size
 
 
@@ -142,6 +169,9 @@ class KVBudget:
     kv_cache_memory_bytes: float | None = None
     other_processes: float = 0.0
     max_num_batched_tokens: int = 2048
+    async_scheduling: bool = vllm.ASYNC_SCHEDULING
+    state_pages: int = 1
+    device_label: str = "GPU"
     layer_page_bytes: float = 0.0
     layers_per_group: int = 1
     groups: tuple[KVGroup, ...] = ()
@@ -187,9 +217,23 @@ class KVBudget:
         return max(0, int(self.kv_memory // self.layer_page_bytes // self.layers_per_group))
 
     @property
+    def in_flight_tokens(self) -> int:
+        """vLLM's ``max_in_flight_tokens``: the step budget times the batches in flight."""
+        return vllm.max_in_flight_tokens(self.max_num_batched_tokens, self.async_scheduling)
+
+    @property
     def num_tokens(self) -> int:
-        """Token slots vLLM logs as "GPU KV cache size": blocks // groups x block_size."""
-        return self.num_blocks // max(1, len(self.groups)) * self.block_size
+        """What vLLM logs as "GPU KV cache size: N tokens" (``get_kv_cache_capacity``):
+        ``int(max_concurrency x max_model_len)``, the tokens of that many max-length requests."""
+        return int(self.max_concurrency * self.max_model_len)
+
+    @property
+    def log_line(self) -> str:
+        """The startup log line vLLM prints for this budget (``update_kv_cache_capacity``)."""
+        return (
+            f"{self.device_label} KV cache size: {self.num_tokens:,} tokens, Maximum concurrency for "
+            f"{self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x"
+        )
 
     @property
     def blocks_per_request(self) -> int:
@@ -210,7 +254,7 @@ class KVBudget:
         """Blocks one sequence of ``context`` tokens occupies across the groups (all layers in use)."""
         _positive_int("context", context)
         return sum(
-            _blocks_for(group.kind, group.window, context, self.max_num_batched_tokens, self.block_size)
+            _blocks_for(group.kind, group.window, context, self.in_flight_tokens, self.block_size, self.state_pages)
             for group in self.groups
         )
 
@@ -249,18 +293,21 @@ class KVBudget:
             "num_tokens",
             "blocks_per_request",
             "startup_error",
+            "in_flight_tokens",
+            "log_line",
         ):
             data[name] = getattr(self, name)
         data["max_concurrency"] = round(self.max_concurrency, 4)
         data["fits_one_request"] = self.fits_one_request
-        data["vllm_version"] = vllm.VLLM_VERSION
+        data["vllm_version"] = vllm.VLLM_RELEASE
         return data
 
     def table(self, batches: tuple[int, ...] = (1, 8, 32, 128)) -> str:
         """A readable report."""
         gib = lambda x: f"{x / GiB:8.2f} GiB"  # noqa: E731
         lines = [
-            f"KV-cache budget: {self.model} on {self.gpu} (tensor parallel {self.tp}), per GPU, as {vllm.VLLM_VERSION}",
+            f"KV-cache budget: {self.model} on {self.gpu} (tensor parallel {self.tp}), per device, "
+            f"as {vllm.VLLM_RELEASE}",
             f"  total memory        {gib(self.total_memory)}  (as the driver reports it)",
         ]
         if self.kv_cache_memory_bytes is not None:
@@ -282,7 +329,7 @@ class KVBudget:
             f"  KV-cache groups     {len(self.groups)}: "
             + ", ".join(sorted({f"{g.kind}" + (f" ({g.window})" if g.window else "") for g in self.groups})),
             f"  blocks              {self.num_blocks:,}",
-            f"  GPU KV cache size   {self.num_tokens:,} tokens",
+            f"  {self.device_label} KV cache size   {self.num_tokens:,} tokens (max concurrency x max_model_len)",
             f"  max_model_len       {self.max_model_len:,} tokens = {self.blocks_per_request:,} blocks per request",
             f"  max concurrency     {self.max_concurrency:,.2f}x (every request at max_model_len, as vLLM logs it)",
         ]
@@ -326,8 +373,9 @@ def budget(
     utilization: float = vllm.GPU_MEMORY_UTILIZATION,
     max_model_len: int | None = None,
     kv_dtype: str | KVDtype = "auto",
-    block_size: int = vllm.BLOCK_SIZE,
+    block_size: int | None = None,
     tp: int = 1,
+    dtype: str = "auto",
     weight_dtype: str | None = None,
     weight_bytes: float | None = None,
     activation_bytes: float = 0.0,
@@ -337,19 +385,24 @@ def budget(
     kv_cache_memory_bytes: float | None = None,
     other_process_bytes: float = 0.0,
     max_num_batched_tokens: int | None = None,
+    async_scheduling: bool | None = None,
+    mamba_cache_mode: str = "align",
 ) -> KVBudget:
-    """vLLM's KV-cache budget for a model on ``tp`` GPUs of one kind.
+    """vLLM's KV-cache budget for a model on ``tp`` devices of one kind (GPUs, or vLLM's CPU build).
 
     Args:
         model: catalogue name, config.json path/dict, or a ModelGeometry.
-        gpu: catalogue GPU name or a HardwareSpec (memory per GPU).
+        gpu: catalogue GPU name, "CPU" (vLLM's CPU build on this machine), or a HardwareSpec.
         utilization: vLLM's ``gpu_memory_utilization``, a share of *total* memory, in (0, 1]; default
-            0.92, vLLM's today (the seed and vLLM <= 0.11 used 0.90).
+            0.92, vLLM 0.32's (vLLM <= 0.11 used 0.90).
         max_model_len: longest request (tokens); default the model's max_position_embeddings.
-        kv_dtype: "auto" (the model's compute dtype, as vLLM) or one of :data:`KV_DTYPES`.
-        block_size: tokens per block (vLLM's default 16; hybrids with state layers get a larger one).
+        kv_dtype: "auto" (the model's served dtype, as vLLM) or one of :data:`KV_DTYPES`.
+        block_size: tokens per block; default vLLM's: 16 on GPUs, 128 on the CPU build (hybrids with
+            state layers get a larger one).
+        dtype: vLLM's ``--dtype``: "auto" serves a float32 checkpoint in bf16 where the device has
+            it, else fp16 (:func:`course.kv.vllm.served_dtype`); or "float32", "bfloat16", "float16".
         tp: tensor-parallel GPUs; weights are split evenly, KV heads as :func:`kv_heads_per_gpu`.
-        weight_dtype: dtype of the served weights (default: the checkpoint's, fp32 served as fp16).
+        weight_dtype: dtype of the served weights (default: the served dtype; fp8 checkpoints keep fp8).
         weight_bytes: total weight bytes, overriding the parameter count.
         activation_bytes: peak activation memory per GPU (vLLM measures it with a dummy forward
             pass at ``max_num_batched_tokens``); 0 when not given.
@@ -358,13 +411,18 @@ def budget(
             since v0.21); 0 when not given.
         gpu_memory_bytes: the total the driver reports, overriding the GPU's catalogue figure (read it
             from your startup log: ``total_gpu_memory (79.14GiB)``).
-        kv_cache_memory_bytes: vLLM's ``--kv-cache-memory-bytes``: the KV cache gets exactly this, and
-            ``gpu_memory_utilization`` is ignored.
+        kv_cache_memory_bytes: vLLM's ``--kv-cache-memory-bytes`` (on the CPU build,
+            ``VLLM_CPU_KVCACHE_SPACE`` GiB): the KV cache gets exactly this, ``gpu_memory_utilization``
+            is ignored, and the weights need not be known.
         other_process_bytes: memory other processes on the GPU hold at startup; vLLM refuses to start
             when ``utilization x total`` is more than what is left free.
         max_num_batched_tokens: the step's token budget; default vLLM's for this GPU
-            (:func:`course.kv.vllm.batch_defaults`). Sliding-window and chunked layers are budgeted
-            with it.
+            (:func:`course.kv.vllm.scheduler_defaults`). Sliding-window and chunked layers reserve
+            for it in every batch in flight.
+        async_scheduling: two batches in flight (vLLM's default on GPUs; None = the device's default:
+            on for GPUs, off on the CPU build).
+        mamba_cache_mode: "align" (vLLM's default for hybrids with prefix caching on: 2 state pages
+            per request) or "none" (1).
     """
     g = get_model(model)
     spec = hardware.gpu(gpu) if isinstance(gpu, str) else gpu
@@ -380,7 +438,13 @@ def budget(
             raise ValueError(f"max_model_len: {g.name} does not state max_position_embeddings; give max_model_len")
         max_model_len = g.max_position_embeddings
     _positive_int("max_model_len", max_model_len)
+    cpu = spec.platform == "cpu"
+    if block_size is None:
+        block_size = vllm.CPU_BLOCK_SIZE if cpu else vllm.BLOCK_SIZE
     _positive_int("block_size", block_size, "a positive integer (vLLM allows 1, 8, 16, 32, 64, 128)")
+    if async_scheduling is None:
+        async_scheduling = not cpu and vllm.ASYNC_SCHEDULING
+    state_pages = state_pages_per_request(mamba_cache_mode)
     activation, non_torch = (
         _bytes_arg("activation_bytes", activation_bytes),
         _bytes_arg("non_torch_bytes", non_torch_bytes),
@@ -394,17 +458,29 @@ def budget(
     if max_num_batched_tokens is None:
         max_num_batched_tokens = vllm.max_num_batched_tokens_default(spec, max_model_len)
     _positive_int("max_num_batched_tokens", max_num_batched_tokens)
-    dtype = get_kv_dtype(serving_dtype(g.weight_dtype) if str(kv_dtype).lower() == "auto" else kv_dtype)
+    model_dtype = vllm.served_dtype(g.weight_dtype, spec, dtype)
+    kv = get_kv_dtype(model_dtype if str(kv_dtype).lower() == "auto" else kv_dtype)
     heads = kv_heads_per_gpu(g, tp)
-    per_token_layer = layer_bytes_per_token(g, dtype, tp) if g.num_attention_layers else 0
-    state_page = state_bytes(g, serving_dtype(g.weight_dtype), tp)
+    per_token_layer = layer_bytes_per_token(g, kv, tp) if g.num_attention_layers else 0
+    state_page = state_bytes(g, model_dtype, tp)
     effective_block = hybrid_block_size(g, per_token_layer, state_page, block_size)
-    groups, per_group = kv_cache_groups(g, max_model_len, max_num_batched_tokens, effective_block)
+    in_flight = vllm.max_in_flight_tokens(max_num_batched_tokens, async_scheduling)
+    groups, per_group = kv_cache_groups(g, max_model_len, in_flight, effective_block, state_pages)
     layer_page = effective_block * per_token_layer if per_token_layer else state_page
-    total_weights = (
-        total_weight_bytes(g, weight_dtype) if weight_bytes is None else _bytes_arg("weight_bytes", weight_bytes)
-    )
     notes = []
+    if weight_bytes is not None:
+        total_weights = _bytes_arg("weight_bytes", weight_bytes)
+    elif kv_cache_memory_bytes is not None and g.num_params is None:
+        total_weights = 0.0  # the KV size is given: vLLM does not budget the weights for it
+        notes.append("weights unknown (no parameter count): not needed, kv_cache_memory_bytes sets the KV cache")
+    else:
+        default_weights = g.weight_dtype if g.weight_dtype == "fp8" else model_dtype
+        total_weights = total_weight_bytes(g, weight_dtype or default_weights)
+    if model_dtype != (g.weight_dtype or "fp32") and g.weight_dtype != "fp8" and dtype == "auto":
+        notes.append(
+            f"the checkpoint is {g.weight_dtype or 'fp32'}: vLLM serves it in {model_dtype} on {spec.name} "
+            "(--dtype auto; give --dtype float32 to keep it)"
+        )
     if kv_cache_memory_bytes is None and not activation and not non_torch and not graphs:
         notes.append(
             "activation peak, non-torch and CUDA-graph memory not given (0): vLLM measures them at startup, so the "
@@ -423,15 +499,20 @@ def budget(
     if g.num_sliding_layers:
         notes.append(
             f"{g.num_sliding_layers} of {g.num_layers} layers use a {g.sliding_window}-token window: vLLM budgets "
-            f"min(window - 1 + max_num_batched_tokens ({max_num_batched_tokens}), max_model_len) tokens + 1 block "
-            "for them"
+            f"min(window - 1 + max_in_flight_tokens ({in_flight:,} = {in_flight // max_num_batched_tokens} x "
+            f"max_num_batched_tokens), max_model_len) tokens + 1 block for them"
         )
     if not g.is_mla and tp > g.num_kv_heads:
         notes.append(f"tp {tp} > {g.num_kv_heads} KV heads: each GPU keeps a replica of one KV head")
     if g.is_mla and tp > 1:
         notes.append("MLA: every GPU keeps the whole latent cache (it has no heads to split)")
-    if dtype.scale_bytes or dtype.scale_block or dtype.bits < 16:
-        notes.append(f"{dtype.name}: {dtype.note}; support and accuracy: confirm on your server and model")
+    if kv.scale_bytes or kv.scale_block or kv.bits < 16:
+        notes.append(f"{kv.name}: {kv.note}; support and accuracy: confirm on your server and model")
+    if g.is_mla and not cpu and block_size == vllm.BLOCK_SIZE:
+        notes.append(
+            "MLA: vLLM's MLA attention backends take their own block size on GPUs (FlashMLA 64, CUTLASS MLA 128; "
+            "the attention backend's get_supported_kernel_block_sizes): pass --block-size to match your log"
+        )
     return KVBudget(
         model=g.name,
         gpu=spec.name,
@@ -440,7 +521,7 @@ def budget(
         weights=total_weights / tp,
         activation_peak=activation,
         non_torch=non_torch,
-        kv_dtype=dtype.name,
+        kv_dtype=kv.name,
         block_size=effective_block,
         tp=tp,
         kv_heads_per_gpu=heads,
@@ -450,6 +531,9 @@ def budget(
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         other_processes=others,
         max_num_batched_tokens=max_num_batched_tokens,
+        async_scheduling=async_scheduling,
+        state_pages=state_pages,
+        device_label="CPU" if cpu else "GPU",
         layer_page_bytes=layer_page,
         layers_per_group=per_group,
         groups=groups,

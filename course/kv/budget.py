@@ -333,6 +333,7 @@ class KVBudget:
             f"  max_model_len       {self.max_model_len:,} tokens = {self.blocks_per_request:,} blocks per request",
             f"  max concurrency     {self.max_concurrency:,.2f}x (every request at max_model_len, as vLLM logs it)",
         ]
+        lines.append(f"  vLLM logs           {self.log_line}")
         for batch in batches:
             lines.append(f"  max context at batch {batch:<4d} {self.max_context(batch):,} tokens")
         if self.startup_error:

@@ -16,7 +16,12 @@ from course.kv.sizes import _positive_int
 def add_cli_arguments(parser) -> None:
     """The options of ``course kv`` (an argparse parser), named after vLLM's engine arguments."""
     parser.add_argument("model", nargs="?", help="a catalogue model name (see --list) or a config.json file/folder")
-    parser.add_argument("--gpu", default="H100-SXM", help=f"one of {', '.join(GPUS)} (default H100-SXM)")
+    parser.add_argument(
+        "--gpu",
+        default="H100-SXM",
+        help=f"one of {', '.join(GPUS)}, or CPU (vLLM's CPU build on this machine; its KV cache is "
+        f"${vllm.CPU_KVCACHE_SPACE_ENV} GiB when that is set) (default H100-SXM)",
+    )
     parser.add_argument(
         "--gpu-memory-gib",
         type=float,
@@ -40,7 +45,30 @@ def add_cli_arguments(parser) -> None:
         help=f"auto (the model's dtype) or one of {', '.join(KV_DTYPES)} (default auto)",
     )
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
-    parser.add_argument("--block-size", type=int, default=vllm.BLOCK_SIZE, help="tokens per KV block (default 16)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="vLLM's --dtype: auto (a float32 checkpoint is served in bf16, or fp16 where the device has no bf16), "
+        "float32, bfloat16 or float16 (default auto)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        help=f"tokens per KV block (default vLLM's: {vllm.BLOCK_SIZE} on GPUs, {vllm.CPU_BLOCK_SIZE} on the CPU build)",
+    )
+    parser.add_argument(
+        "--no-async-scheduling",
+        dest="async_scheduling",
+        action="store_false",
+        default=None,
+        help="one batch in flight (vLLM's --no-async-scheduling; the CPU build's default)",
+    )
+    parser.add_argument(
+        "--mamba-cache-mode",
+        choices=("align", "none"),
+        default="align",
+        help="state pages per request for hybrids: align (prefix caching on, vLLM's default) keeps 2, none 1",
+    )
     parser.add_argument("--weight-dtype", help=f"dtype of the served weights: {', '.join(WEIGHT_BYTES)}")
     parser.add_argument("--weights-gib", type=float, help="total weight memory in GiB (overrides the parameter count)")
     parser.add_argument("--activation-gib", type=float, default=0.0, help="peak activation memory per GPU, GiB")
@@ -67,6 +95,9 @@ _AS_GIVEN = (
     "weight_dtype",
     "kv_cache_memory_bytes",
     "max_num_batched_tokens",
+    "dtype",
+    "async_scheduling",
+    "mamba_cache_mode",
 )
 _IN_GIB = {
     "weights_gib": "weight_bytes",
@@ -85,6 +116,18 @@ def _gib(name: str, value: float | None) -> float | None:
     if value != value or value < 0:  # NaN or negative
         raise ValueError(f"--{name.replace('_', '-')}: must be a number of GiB >= 0, got {value!r}")
     return value * GiB
+
+
+def _cpu_kvcache_space() -> float | None:
+    """The CPU build's KV cache in bytes from ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB), or None when unset."""
+    import os
+
+    raw = os.environ.get(vllm.CPU_KVCACHE_SPACE_ENV, "")
+    if raw == "":
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"{vllm.CPU_KVCACHE_SPACE_ENV}: must be a whole number of GiB, as vLLM reads it, got {raw!r}")
+    return int(raw) * GiB
 
 
 def run_cli(args) -> int:
@@ -110,6 +153,8 @@ def run_cli(args) -> int:
         raise ValueError(f"--gpu-memory-gib: must be a positive number of GiB, got {args.gpu_memory_gib!r}")
     options = {name: getattr(args, name) for name in _AS_GIVEN}
     options.update({keyword: _gib(name, getattr(args, name)) for name, keyword in _IN_GIB.items()})
+    if args.gpu.upper() == "CPU" and options["kv_cache_memory_bytes"] is None:
+        options["kv_cache_memory_bytes"] = _cpu_kvcache_space()
     b = budget(g, args.gpu, **options)
     batches = tuple(_positive_int("batch", batch) for batch in args.batch)
     if args.json:

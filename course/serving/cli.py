@@ -38,7 +38,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-size", type=int, default=64, help="requests decoded together (1 = one at a time)")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + output tokens)")
     parser.add_argument(
-        "--max-prefill-tokens", type=int, default=512, help="prompt tokens prefilled per engine iteration (default 512)"
+        "--max-prefill-tokens",
+        type=int,
+        default=512,
+        help="tokens computed per engine iteration: one for each running request, the rest for prompt chunks "
+        "(a longer prompt is prefilled over several iterations, as with vLLM's --max-num-batched-tokens); "
+        "default 512",
     )
     parser.add_argument(
         "--runner",

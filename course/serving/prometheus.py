@@ -23,11 +23,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from course import vllm_release
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# vLLM's buckets (vllm/v1/metrics/loggers.py), in seconds
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+# vLLM's buckets and finish reasons, in seconds (course.vllm_release: vllm/v1/metrics/buckets.py)
+TTFT_BUCKETS = vllm_release.TTFT_BUCKETS
+ITL_BUCKETS = vllm_release.ITL_BUCKETS
+E2E_BUCKETS = vllm_release.REQUEST_LATENCY_BUCKETS
 LABELS = ("model_name", "engine")
 
 
@@ -86,6 +88,8 @@ class ServerMetrics:
             (*LABELS, "finished_reason"),
             registry=self.registry,
         )
+        for reason in vllm_release.FINISH_REASONS:  # vLLM creates every finish reason's series at start
+            self._success.labels(*labels, reason)
         self._labels = labels
 
     def request_finished(

@@ -19,8 +19,9 @@ default), and ``echo`` (the prompt's text before the completion's). OpenAI field
 not implement (``echo`` together with ``logprobs``, ``suffix``, ``best_of`` > 1,
 ``response_format`` other than text, ``tools``) and vLLM's extras that it does not implement
 (``min_p``, ``min_tokens``, ``guided_json``, ...) are accepted at their "off" value and otherwise
-refused with a 400 naming them. Fields with no effect on the output (``user``, ``n: 1``,
-``stream_options`` without ``stream``) and unknown fields are accepted and ignored.
+refused with a 400 naming them, and so is a non-empty ``stream_options`` without ``stream: true`` (as
+vLLM refuses it). Fields with no effect on the output (``user``, ``n: 1``) and unknown fields are
+accepted and ignored.
 """
 
 from __future__ import annotations
@@ -253,7 +254,9 @@ def _common(
         param, message = too_long
         raise BadRequest(message, "messages" if param == "prompt" and kind == "chat" else param)
     stream = _field(body, "stream", (bool,), default=False)
-    options = _field(body, "stream_options", (dict,), default={})  # ignored unless streaming, never rejected
+    options = _field(body, "stream_options", (dict,), default={})
+    if options and not stream:  # vLLM 0.32: CompletionRequest.validate_stream_options
+        raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
     include_usage = _field(options, "include_usage", (bool,), default=True) if options else False
     continuous = _field(options, "continuous_usage_stats", (bool,), default=False) if options else False
     temperature = float(_field(body, "temperature", (int, float), default=0.0))
@@ -353,7 +356,8 @@ def _logit_processing(body: dict, ctx: ServingContext) -> dict:
 
 
 # vLLM's extra sampling fields that this server does not implement, with their "off" value
-# (vllm/entrypoints/openai/protocol.py): sent with any other value, they get a 400, not silence.
+# (vllm/entrypoints/openai/completion/protocol.py in vLLM 0.32.0): sent with any other value, they get a
+# 400, not silence.
 VLLM_EXTRAS_NOT_IMPLEMENTED = {
     "min_p": 0,
     "min_tokens": 0,

@@ -285,9 +285,18 @@ class ModelGeometry:
         return seq_len if kind == FULL else 0
 
 
+# Larger than any real model's field by far; a config beyond them is an error, not hours of arithmetic
+# over 10^30 layers (every layer is visited to find its kind).
+MAX_LAYERS = 100_000
+MAX_CONFIG_INT = 2**53
+
+
 def _check_positive_int(name: str, field_name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name}: {field_name} must be a positive integer, got {value!r}")
+    limit = MAX_LAYERS if field_name == "num_layers" else MAX_CONFIG_INT
+    if value > limit:
+        raise ValueError(f"{name}: {field_name} is {value}, beyond any real model (at most {limit:,})")
 
 
 def read_config_json(
@@ -374,6 +383,9 @@ def _pick(cfg: dict, field: str) -> int:
             value = cfg[key]
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"config field {key!r} must be a positive integer, got {value!r}")
+            limit = MAX_LAYERS if field == "num_hidden_layers" else MAX_CONFIG_INT
+            if value > limit:
+                raise ValueError(f"config field {key!r} is {value}, beyond any real model (at most {limit:,})")
             return value
     tried = ", ".join(repr(k) for k in _ALIASES[field])
     raise ValueError(
@@ -385,7 +397,7 @@ def _pick(cfg: dict, field: str) -> int:
 def _kv_heads(cfg: dict, heads: int) -> int:
     """KV heads under each architecture's naming (Falcon and GPT-BigCode spell MQA ``multi_query``)."""
     if cfg.get("num_key_value_heads") is not None:
-        return cfg["num_key_value_heads"]
+        return _period(cfg, "num_key_value_heads", 0, "a KV-head count")
     if cfg.get("model_type") in ("falcon", "RefinedWeb", "RefinedWebModel") or "new_decoder_architecture" in cfg:
         # transformers' FalconAttention: num_kv_heads only with the new architecture, else MQA or MHA
         # (the pre-transformers "RefinedWeb" configs of Falcon-40B/180B are the new architecture)
@@ -434,10 +446,10 @@ def _layer_kinds(cfg: dict, num_layers: int) -> tuple[str, ...] | None:
     if cfg.get("layer_types"):
         return _listed_kinds(cfg["layer_types"], num_layers)
     if model_type == "jamba":  # JambaConfig.layers_block_type: attention where i % period == offset
-        period, offset = cfg.get("attn_layer_period", 8), cfg.get("attn_layer_offset", 4)
+        period, offset = _period(cfg, "attn_layer_period", 8), cfg.get("attn_layer_offset", 4)
         return tuple(FULL if i % period == offset else STATE for i in range(num_layers))
     if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):  # every full_attention_interval-th layer is full
-        interval = cfg.get("full_attention_interval", 4)
+        interval = _period(cfg, "full_attention_interval", 4)
         return tuple(FULL if (i + 1) % interval == 0 else STATE for i in range(num_layers))
     if cfg.get("hybrid_override_pattern"):  # Nemotron-H: M = Mamba, * = attention, - = MLP only
         pattern = cfg["hybrid_override_pattern"]
@@ -445,7 +457,7 @@ def _layer_kinds(cfg: dict, num_layers: int) -> tuple[str, ...] | None:
         return tuple(kinds.get(ch, FULL) for ch in pattern[:num_layers])
     if cfg.get("attention_chunk_size"):  # Llama 4: chunked where RoPE is used, every 4th layer global (NoPE)
         no_rope = cfg.get("no_rope_layers") or [
-            int((i + 1) % cfg.get("no_rope_layer_interval", 4) != 0) for i in range(num_layers)
+            int((i + 1) % _period(cfg, "no_rope_layer_interval", 4) != 0) for i in range(num_layers)
         ]
         kinds = tuple(CHUNKED if flag else FULL for flag in no_rope[:num_layers])
         return kinds if CHUNKED in kinds else None
@@ -457,11 +469,20 @@ def _layer_kinds(cfg: dict, num_layers: int) -> tuple[str, ...] | None:
         or _SLIDING_PATTERN_DEFAULTS.get(model_type)
     )
     if pattern:  # every pattern-th layer is global (Gemma 2: 2, Gemma 3: 6)
+        pattern = _period({"sliding_window_pattern": pattern}, "sliding_window_pattern", 1)
         return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(num_layers))
     if cfg.get("use_sliding_window") and "max_window_layers" in cfg:  # Qwen2: layers from max_window_layers on
         kinds = tuple(SLIDING if i >= cfg["max_window_layers"] else FULL for i in range(num_layers))
         return kinds if SLIDING in kinds else None
     return tuple(SLIDING for _ in range(num_layers))  # every layer slides (Mistral 7B v0.1, Phi-3, Starcoder2)
+
+
+def _period(cfg: dict, key: str, default: int, what: str = "a layer period") -> int:
+    """A positive integer the config states (a layer-pattern period, a head count), or a clear error naming it."""
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"config field {key!r} must be a positive integer ({what}), got {value!r}")
+    return value
 
 
 def _first(cfg: dict, *keys: str, default: Any = None) -> Any:
@@ -534,10 +555,12 @@ def from_hf_config(config: Any, name: str | None = None, num_params: int | None 
     if kv_lora_rank is not None and rope_dim is None:
         raise ValueError(f"{label}: config has kv_lora_rank (MLA) but lacks 'qk_rope_head_dim'")
     if kv_lora_rank is not None:
+        kv_lora_rank = _period(cfg, "kv_lora_rank", None, "MLA's latent rank")
+        rope_dim = _period(cfg, "qk_rope_head_dim", None, "MLA's rotary dimension")
         head_dim = (cfg.get("qk_nope_head_dim") or 0) + rope_dim or cfg.get("head_dim")
     else:
-        head_dim = cfg.get("head_dim") or cfg.get("kv_channels")
-    if not head_dim:
+        head_dim = _first(cfg, "head_dim", "kv_channels")  # a stated 0 is an error below, not "absent"
+    if head_dim is None:
         if hidden % heads:
             raise ValueError(
                 f"{label}: hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) and the "

@@ -421,3 +421,44 @@ def test_explorer_is_a_widget_or_a_static_chart(monkeypatch, capsys):
     parts = kv.memory_breakdown(static, 8192, 64)
     assert parts["overflow"] > 0 and parts["kv free"] < static.page_bytes  # 64 x 8K does not fit on an L4
     assert sum(parts.values()) - parts["overflow"] == pytest.approx(static.total_memory)
+
+
+# --- course kv on hostile configs: a clear error (exit 2) or a budget, never a traceback or a hang ---------
+
+_HOSTILE_BASE = {
+    "model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "hidden_size": 64, "vocab_size": 100, "intermediate_size": 128, "max_position_embeddings": 256,
+}  # fmt: skip
+# fields that size the cache: a stated 0 or negative value is an error naming the field, never "absent"
+# (sliding_window 0 means no window, as transformers reads it)
+_POSITIVE_ONLY = {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+                  "kv_lora_rank", "qk_rope_head_dim", "full_attention_interval"}  # fmt: skip
+_HOSTILE_VALUES = (0, -1, "x", None, 1.5, True, [], {}, 10**30)
+_HOSTILE_FIELDS = (
+    *_HOSTILE_BASE, "head_dim", "sliding_window", "attention_chunk_size", "layer_types", "full_attention_interval",
+    "sliding_window_pattern", "kv_lora_rank", "qk_rope_head_dim", "num_local_experts", "torch_dtype",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("field", _HOSTILE_FIELDS)
+def test_course_kv_answers_every_hostile_config_field_without_a_traceback(field, tmp_path, capsys):
+    model_type = {
+        "full_attention_interval": "qwen3_next",
+        "sliding_window_pattern": "gemma3",
+        "kv_lora_rank": "deepseek_v3",
+        "qk_rope_head_dim": "deepseek_v3",
+        "num_local_experts": "mixtral",
+    }
+    for value in _HOSTILE_VALUES:
+        config = {**_HOSTILE_BASE, "model_type": model_type.get(field, "llama"), field: value}
+        if config["model_type"] == "deepseek_v3":
+            config = {"kv_lora_rank": 16, "qk_rope_head_dim": 8, **config}
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+        for extra in ([], ["--kv-cache-memory-bytes", "1000000"]):
+            code = course_main(["kv", str(path), "--max-model-len", "128", *extra])
+            out, err = capsys.readouterr()
+            assert code in (0, 2) and "Traceback" not in err, (field, value, extra, err[-300:])
+            assert code == 0 or err.startswith("course kv: error: "), (field, value, err)
+            if field in _POSITIVE_ONLY and value in (0, -1):
+                assert code == 2 and field in err, (field, value, "a zero or negative size is refused by name")

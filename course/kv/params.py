@@ -13,7 +13,7 @@ def count_params(config: dict) -> int | None:
     """
     try:
         return _count_params(config)
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, ArithmeticError):  # missing, wrong-type or zero fields: the reader says which
         return None
 
 

@@ -78,7 +78,7 @@ def test_the_manifest_is_the_official_wheels_record():
 
 
 def test_every_cited_path_exists_in_the_release_and_is_in_the_manifest():
-    cited = _cited_paths() - HISTORICAL
+    cited = _cited_paths() - HISTORICAL - CPU_PACKAGING  # this file names the packaging files, cites none
     missing = sorted(path for path in cited if not _installed(path).exists())
     assert not missing, f"cited but not in vLLM {VLLM_VERSION} (moved? cite the release's path): {missing}"
     assert cited <= set(_manifest()), f"add to the manifest: {sorted(cited - set(_manifest()))}"

@@ -53,6 +53,9 @@ def reference_step(config: SimConfig) -> harness.StepFunction:
             **limits,
             chunked_prefill=config.chunked_prefill,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
+            long_prefill_token_threshold_adaptive=config.long_prefill_token_threshold_adaptive,
+            reserve_full_isl=config.reserve_full_isl,
+            watermark_blocks=config.watermark_blocks,
         )
     if config.scheduler == "prefill-first" and config.decode_after_prefill:
         return steps.PrefillThenDecode(config.token_budget, config.max_num_seqs, config.watermark_blocks)
@@ -94,6 +97,7 @@ def reference(
         block_hashes=hashes if config.enable_prefix_caching else None,
         max_model_len=config.max_model_len,
         watermark_blocks=config.watermark_blocks if config.scheduler == "prefill-first" else 0,
+        max_num_queued_reqs=config.max_num_queued_reqs,
     )
     return run.traces, run
 

@@ -21,6 +21,7 @@ from course.sim import (
     cap_output,
     kv_blocks,
     prompt_block_hashes,
+    rules,
     samples_from_timings,
     simulate,
     steps,
@@ -467,3 +468,62 @@ def test_plots_draw_every_kind_of_run():
     plt.close("all")
     with pytest.raises(ValueError, match="metric"):
         plots.latency_cdfs(tight, "speed")
+
+
+# --- vLLM 0.32's V1 admission rules (course/sim/rules.py), in the fast engine and the readable steps ------
+
+
+def both(work, config):
+    """Token times per request from the fast engine and from the readable reference (they must agree)."""
+    fast = simulate(work, config, ONE_SECOND_PER_STEP)
+    readable = reference(work, config, ONE_SECOND_PER_STEP)[0]
+    got = {t.request_id: t.chunk_times for t in fast.traces}
+    assert got == {t.request_id: t.chunk_times for t in readable}
+    return got, fast
+
+
+def test_a_waiting_request_is_admitted_only_when_its_whole_prompt_fits():
+    # 12 blocks of 1 token, budget 4: A runs (4 prompt + 6 output tokens); in step 2 B's first 3-token chunk
+    # fits the 7 free blocks but its 8-token prompt does not: vLLM 0.32 reserves the whole prompt
+    # (scheduler_reserve_full_isl) and B waits; 0.11's first-chunk rule admits B, and A then preempts it
+    work = specs((0.0, 4, 6), (0.0, 8, 2))
+    base = dict(block_size=1, num_blocks=12, max_num_batched_tokens=4, max_num_seqs=4)
+    whole, whole_run = both(work, SimConfig(**base))
+    first_chunk, chunk_run = both(work, SimConfig(**base, reserve_full_isl=False))
+    assert whole["A"] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0] and whole["B"][0] > 6.0
+    assert whole_run.preemptions == 0, "whole-prompt admission never over-admits into a preemption here"
+    assert chunk_run.preemptions > 0, "vLLM 0.11's first-chunk rule admits B and must preempt"
+
+
+def test_the_v1_watermark_holds_blocks_back_only_while_others_run():
+    # 10 blocks of 1 token, 2 kept free while A runs: B (5 tokens) waits for A; alone it is admitted at once
+    work = specs((0.0, 4, 3), (0.0, 5, 1))
+    config = SimConfig(block_size=1, num_blocks=10, watermark=0.2, max_num_batched_tokens=64)
+    held, _ = both(work, config)
+    free, _ = both(work, SimConfig(block_size=1, num_blocks=10, max_num_batched_tokens=64))
+    assert free["B"] == [1.0] and held["B"][0] > 1.0
+    alone, _ = both(specs((0.0, 9, 1)), config)  # 9 of 10 blocks: no watermark with nobody running
+    assert alone["A"] == [1.0]
+
+
+def test_the_long_prefill_cap_spares_a_lone_request_and_has_an_adaptive_floor():
+    lone, _ = both(specs((0.0, 40, 1)), SimConfig(long_prefill_token_threshold=8, max_num_batched_tokens=64))
+    assert lone["A"] == [1.0], "a lone request takes the whole budget (nobody to starve)"
+    work = specs((0.0, 40, 1), (0.0, 40, 1))
+    capped, _ = both(work, SimConfig(long_prefill_token_threshold=8, max_num_batched_tokens=64))
+    assert capped["A"] == [5.0], "two requests: 8 tokens each per step"
+    adaptive, _ = both(
+        work,
+        SimConfig(
+            long_prefill_token_threshold=8, long_prefill_token_threshold_adaptive=True, max_num_batched_tokens=64
+        ),
+    )
+    assert adaptive["A"] == [2.0], "the floor is 64 // 2 = 32 tokens a step"
+
+
+def test_load_shedding_refuses_arrivals_beyond_max_num_queued_reqs():
+    work = specs(*[(0.0, 4, 2)] * 5)
+    got, result = both(work, SimConfig(max_num_queued_reqs=3))
+    shed = [t.request_id for t in result.traces if t.error]
+    assert shed == ["D", "E"] and all(t.error == rules.QUEUE_FULL for t in result.traces if t.error)
+    assert len(got["A"]) == 2 and "HTTP 503" in rules.QUEUE_FULL

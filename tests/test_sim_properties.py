@@ -7,7 +7,7 @@ from helpers import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from course.sim import BlockManager, LinearCost, SimConfig, prompt_block_hashes, simulate
+from course.sim import BlockManager, LinearCost, SimConfig, prompt_block_hashes, rules, simulate
 from course.units import cdiv
 from course.workload import RequestSpec, Workload
 
@@ -41,11 +41,15 @@ def configs(draw) -> SimConfig:
         max_num_batched_tokens=draw(st.sampled_from([None, 16, 64])) if scheduler == "continuous" and chunked else None,
         chunked_prefill=chunked,
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 7])) if scheduler == "continuous" else 0,
+        long_prefill_token_threshold_adaptive=scheduler == "continuous" and draw(st.booleans()),
+        # vLLM 0.32's whole-sequence reservation, or 0.11's first-chunk rule
+        reserve_full_isl=draw(st.booleans()),
+        max_num_queued_reqs=draw(st.sampled_from([None, None, 3, 12])) if scheduler != "static" else None,
         block_size=(block_size := draw(st.sampled_from([1, 4, 16]))),
         num_blocks=cdiv(draw(st.integers(24, 600)), block_size),  # small caches force preemptions
         enable_prefix_caching=draw(st.booleans()) and scheduler != "static",
-        # V0's free-block watermark: 0, vLLM's 1 %, or enough to hold back admissions in a small cache
-        watermark=draw(st.sampled_from([0.0, 0.01, 0.2])) if scheduler == "prefill-first" else 0.0,
+        # a free-block watermark: 0, V0's 1 %, or enough to hold back admissions in a small cache (V1's optional one)
+        watermark=draw(st.sampled_from([0.0, 0.01, 0.2])) if scheduler != "static" else 0.0,
         # None, or short enough that some prompt + output of workloads() exceed it (at most 90 + 32)
         max_model_len=draw(st.sampled_from([None, None, 24, 64])),
         decode_after_prefill=scheduler == "prefill-first" and draw(st.booleans()),
@@ -63,6 +67,9 @@ def test_every_request_gets_exactly_its_tokens_and_no_invariant_breaks(work, con
     by_id = {spec.request_id: spec for spec in work}
     for trace in result.traces:
         spec = by_id[trace.request_id]
+        if trace.error == rules.QUEUE_FULL:  # shed on arrival (max_num_queued_reqs), the API server's 503
+            assert config.max_num_queued_reqs is not None
+            continue
         total = spec.prompt_tokens + spec.output_tokens
         too_long = config.max_model_len is not None and total > config.max_model_len
         never_fits = cdiv(total, config.block_size) > config.num_blocks

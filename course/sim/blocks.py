@@ -139,6 +139,13 @@ class BlockManager:
         """Blocks that hold ``num_tokens`` tokens."""
         return cdiv(num_tokens, self.block_size)
 
+    def blocks_to_allocate(self, num_tokens: int, cached_blocks: Sequence[int] = ()) -> int:
+        """Free blocks a new request of ``num_tokens`` tokens would take (vLLM's ``get_num_blocks_to_allocate``):
+        the blocks beyond its prefix-cache hits, plus the hits that sit in the free queue (touching them
+        takes them out of it)."""
+        evictable_hits = sum(1 for block in cached_blocks if self._ref[block] == 0)
+        return self.blocks_needed(num_tokens) - len(cached_blocks) + evictable_hits
+
     def allocate(self, request_id: str, num_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
         """Give a new request room for ``num_tokens`` tokens; False (and no change) if blocks run out.
 
@@ -152,10 +159,9 @@ class BlockManager:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         if len(cached_blocks) * self.block_size > num_tokens:
             raise ValueError("cached_blocks hold more tokens than the request asks room for")
-        evictable_hits = sum(1 for block in cached_blocks if self._ref[block] == 0)
-        new = self.blocks_needed(num_tokens) - len(cached_blocks)
-        if new + evictable_hits > len(self._free):
+        if self.blocks_to_allocate(num_tokens, cached_blocks) > len(self._free):
             return False
+        new = self.blocks_needed(num_tokens) - len(cached_blocks)
         for block in cached_blocks:  # touch: a hit is in use again, and no longer evictable
             if self._ref[block] == 0:
                 del self._free[block]

@@ -38,6 +38,9 @@ SCHEDULER_FLAGS = (
     "max_num_batched_tokens",
     "chunked_prefill",
     "long_prefill_token_threshold",
+    "long_prefill_token_threshold_adaptive",
+    "reserve_full_isl",
+    "max_num_queued_reqs",
     "block_size",
     "num_blocks",
     "enable_prefix_caching",
@@ -72,7 +75,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-num-batched-tokens", type=int, help="token budget per step (default vLLM's for the --gpu: 8192 or 2048)"
     )
     s.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_const", const=False, default=None)
-    s.add_argument("--long-prefill-token-threshold", type=int, help="most tokens per request per step (0 = off)")
+    s.add_argument(
+        "--long-prefill-token-threshold", type=int, help="most tokens per request per step, unless alone (0 = off)"
+    )
+    s.add_argument(
+        "--long-prefill-token-threshold-adaptive",
+        action="store_const",
+        const=True,
+        default=None,
+        help="never cap a request below budget // requests (vLLM's option)",
+    )
+    s.add_argument(
+        "--no-reserve-full-isl",
+        dest="reserve_full_isl",
+        action="store_const",
+        const=False,
+        default=None,
+        help="admit when the first chunk fits (vLLM 0.11); vLLM 0.32 waits until the whole prompt fits",
+    )
+    s.add_argument(
+        "--max-num-queued-reqs",
+        type=int,
+        help="shed (HTTP 503) requests arriving while this many are unfinished (vLLM's load shedding; default off)",
+    )
     s.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
     s.add_argument(
         "--num-blocks",
@@ -89,7 +114,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="reuse cached prompt blocks (vLLM's default: on)",
     )
     s.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False, default=None)
-    s.add_argument("--watermark", type=float, help="fraction of blocks prefill-first keeps free (V0: 0.01)")
+    s.add_argument(
+        "--watermark",
+        type=float,
+        help="fraction of blocks kept free when admitting while others run (V1: 0, off; V0's prefill-first: 0.01)",
+    )
     s.add_argument("--max-model-len", type=int, help="reject requests whose prompt + output exceed this")
     s.add_argument(
         "--decode-after-prefill",

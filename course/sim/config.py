@@ -38,12 +38,20 @@ class SimConfig:
             scheduler on a smaller GPU (2048 with chunked prefill, else ``max_model_len`` or
             unlimited); :meth:`vllm_defaults` sets the GPU's own.
         chunked_prefill: cut prompts that do not fit the remaining budget (continuous only).
-        long_prefill_token_threshold: most tokens one request may compute per step (0 = no cap).
+        long_prefill_token_threshold: most tokens one request may compute per step (0 = no cap), when
+            more than one request is running or waiting (vLLM 0.32: a lone request takes the budget).
+        long_prefill_token_threshold_adaptive: never cap below ``budget // requests`` (vLLM's option).
+        reserve_full_isl: admit a waiting request only when the blocks of its whole sequence are free
+            (vLLM's ``scheduler_reserve_full_isl``, True since before 0.21); False is 0.11's rule (the
+            first chunk's blocks suffice).
         block_size: tokens per KV block.
         num_blocks: KV blocks in the cache.
         enable_prefix_caching: reuse cached full prompt blocks (continuous and prefill-first); off
             here so a bare config isolates the scheduler, on in :meth:`vllm_defaults` as in vLLM.
-        watermark: fraction of blocks that prefill-first keeps free when admitting (V0: 0.01).
+        watermark: fraction of blocks kept free when admitting while others run: V1's optional
+            ``--watermark`` (vLLM 0.32: 0.0, off) and V0's prefill-first watermark (0.01).
+        max_num_queued_reqs: refuse (HTTP 503, vLLM's load shedding) a request that arrives while
+            this many are unfinished; None = no limit (vLLM's default).
         max_model_len: longest prompt + output a request may have; longer ones are rejected.
         decode_after_prefill: prefill-first only: after a prefill step, always run one decode step
             before admitting again (the loop of module 2's reference server: each iteration prefills
@@ -55,12 +63,15 @@ class SimConfig:
     max_num_batched_tokens: int | None = None
     chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False
+    reserve_full_isl: bool = True
     block_size: int = 16
     num_blocks: int = 16384
     enable_prefix_caching: bool = False
     watermark: float = 0.0
     max_model_len: int | None = None
     decode_after_prefill: bool = False
+    max_num_queued_reqs: int | None = None
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -75,6 +86,10 @@ class SimConfig:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0 disables it)")
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark is a fraction of the blocks in [0, 1), got {self.watermark}")
+        if self.max_num_queued_reqs is not None and self.scheduler == "static":
+            raise ValueError("max_num_queued_reqs applies to the iteration-level schedulers, not static batching")
+        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 0:
+            raise ValueError(f"max_num_queued_reqs must be >= 0 (or None for no limit), got {self.max_num_queued_reqs}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 

@@ -24,6 +24,7 @@ from collections import deque
 import numpy as np
 
 from course.limits import rejection
+from course.sim import rules
 from course.sim.blocks import BlockManager, prompt_block_hashes
 from course.sim.config import SimConfig
 from course.sim.harness import step_load
@@ -231,6 +232,10 @@ class _IterativeRun:
         self.token_budget = config.token_budget
         self.prefill_first = config.scheduler == "prefill-first"
         self.threshold = 0 if self.prefill_first else config.long_prefill_token_threshold
+        self.adaptive = config.long_prefill_token_threshold_adaptive
+        self.cap = self.threshold  # this step's long-prefill cap (rules.long_prefill_threshold)
+        self.reserve_full_isl = config.reserve_full_isl
+        self.max_queued = config.max_num_queued_reqs
         self.chunked = config.chunked_prefill
         self.max_seqs = config.max_num_seqs
         self.watermark = config.watermark_blocks
@@ -250,6 +255,8 @@ class _IterativeRun:
             while next_arrival < total and requests[next_arrival].spec.arrival_time <= now:
                 r = requests[next_arrival]
                 next_arrival += 1
+                if r.error is None and rules.queue_full(len(self.running) + len(waiting), self.max_queued):
+                    r.error = rules.QUEUE_FULL
                 if r.error is None:
                     waiting.append(r)
             if not self.running and not waiting:
@@ -270,6 +277,10 @@ class _IterativeRun:
         admitted: list[tuple[_Request, int]] = []
         budget = self.token_budget
         load = (0, 0, 0, 0, 0)  # prefill tokens, decode tokens, KV tokens read, attention pairs, requests
+        if self.threshold:
+            self.cap = rules.long_prefill_threshold(
+                self.threshold, self.token_budget, len(self.running) + queued, self.adaptive
+            )
         if self.prefill_first and not decode_only:
             budget = self._admit_whole_prompts(admitted, budget)
         if not admitted:
@@ -329,7 +340,8 @@ class _IterativeRun:
         prompt that does not fit whole, as it does at the first request that gets no blocks
         (head-of-line blocking).
         """
-        waiting, running, blocks, threshold = self.waiting, self.running, self.blocks, self.threshold
+        waiting, running, blocks, threshold = self.waiting, self.running, self.blocks, self.cap
+        full, watermark = self.reserve_full_isl, self.watermark
         while waiting and budget > 0 and len(running) < self.max_seqs:
             r = waiting[0]
             hits, computed = self._cached_prefix(r)
@@ -340,6 +352,11 @@ class _IterativeRun:
                 break
             if n > budget:
                 n = budget
+            if not rules.can_admit(
+                blocks, r.num_tokens, computed + n, hits, reserve_full_isl=full, watermark_blocks=watermark,
+                others_running=bool(running),
+            ):  # fmt: skip
+                break
             if not blocks.allocate(r.rid, computed + n, hits):
                 break
             self._admit(r, n, computed, hits)
@@ -378,7 +395,7 @@ class _IterativeRun:
         This loop is where the simulator spends its time (once per scheduled token), so it keeps
         to locals, calls out only at block boundaries and inlines :func:`_sample`.
         """
-        threshold, caching, step, bs = self.threshold, self.caching, self.step, self.bs
+        threshold, caching, step, bs = self.cap, self.caching, self.step, self.bs
         reserve = self.blocks.reserve
         previous_step = step - 1
         prefill = decode = kv_read = pairs = seqs = 0

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from course.limits import rejection
+from course.sim import rules
 from course.sim.results import RequestRecord, SimResult, StepLog
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
@@ -167,6 +168,7 @@ def run(
     block_hashes: Callable[[RequestSpec], list] | None = None,
     max_model_len: int | None = None,
     watermark_blocks: int = 0,
+    max_num_queued_reqs: int | None = None,
     max_steps: int = 1_000_000,
 ) -> HarnessRun:
     """Simulate ``workload`` with a step function, a block manager and a cost model.
@@ -184,6 +186,8 @@ def run(
         max_model_len: the longest prompt + output a request may have (None: no limit).
         watermark_blocks: blocks the step keeps free when admitting (V0's watermark), so that a
             request it could never admit is rejected instead of waiting forever.
+        max_num_queued_reqs: shed a request that arrives while this many are unfinished (HTTP 503 in
+            vLLM, :func:`course.sim.rules.queue_full`); None: no limit.
         max_steps: stop with an error after this many steps (a step function that never finishes).
 
     Requests that could never run (prompt + output tokens need more blocks than the whole KV cache
@@ -211,6 +215,8 @@ def run(
                 max_model_len,
                 watermark_blocks,
             )
+            if not request.error and rules.queue_full(len(running) + len(waiting), max_num_queued_reqs):
+                request.error = rules.QUEUE_FULL
             if request.error:
                 result.rejected.append(request.request_id)
             else:

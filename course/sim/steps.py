@@ -7,11 +7,14 @@
   admitted running request is preempted by recompute (its blocks are freed, ``computed`` drops to 0,
   it goes to the FRONT of the waiting queue), until the request fits or is itself the victim.
   Then, only if nothing was preempted in this step, WAITING requests are admitted in order while
-  ``max_num_seqs`` and the budget allow; the first that does not get its blocks stops admission
-  (head-of-line blocking). With chunked prefill a prompt larger than the remaining budget is cut to
-  fit; without it, admission stops at a prompt that does not fit whole (vLLM's main branch; 0.11
-  skipped that request instead; with chunked prefill off vLLM sets the budget to ``max_model_len``,
-  so either way only an oversized resumed request can meet this).
+  ``max_num_seqs`` and the budget allow; a request is admitted only when the blocks of its whole
+  sequence are free (vLLM 0.32's ``scheduler_reserve_full_isl``; 0.11 checked the first chunk) and,
+  with the optional watermark, a headroom stays free while others run (:mod:`course.sim.rules`); the
+  first that does not fit stops admission (head-of-line blocking). With chunked prefill a prompt
+  larger than the remaining budget is cut to fit; without it, admission stops at a prompt that does
+  not fit whole (with chunked prefill off vLLM sets the budget to ``max_model_len``, so only an
+  oversized resumed request can meet this). ``long_prefill_token_threshold`` caps one request's
+  tokens per step unless it is the only request.
 * :func:`prefill_first_step`: vLLM V0's default scheduler (``vllm/core/scheduler.py`` in 0.6.x,
   chunked prefill off): "it batches as many prefill requests as possible. And it schedules
   decodes." A step is all prefill or all decode, never mixed, so every new prompt stalls every
@@ -32,6 +35,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from course.limits import rejection
+from course.sim import rules
 from course.sim.harness import SimRequest
 from course.trace import RequestTrace
 from course.units import cdiv
@@ -121,11 +125,20 @@ def continuous_step(
     *,
     chunked_prefill: bool = True,
     long_prefill_token_threshold: int = 0,
+    long_prefill_token_threshold_adaptive: bool = False,
+    reserve_full_isl: bool = True,
+    watermark_blocks: int = 0,
 ) -> list[tuple[SimRequest, int]]:
-    """One step of vLLM V1's scheduler; returns ``[(request, num_new_tokens), ...]`` in batch order."""
-    scheduled, budget, preempted = schedule_running(
-        running, waiting, blocks, token_budget, long_prefill_token_threshold
+    """One step of vLLM V1's scheduler; returns ``[(request, num_new_tokens), ...]`` in batch order.
+
+    The admission rules of vLLM 0.32 (whole-sequence reservation, the optional watermark, the
+    long-prefill cap) are :mod:`course.sim.rules`; ``reserve_full_isl=False`` is vLLM 0.11's rule
+    (only the first chunk's blocks must be free).
+    """
+    threshold = rules.long_prefill_threshold(
+        long_prefill_token_threshold, token_budget, len(running) + len(waiting), long_prefill_token_threshold_adaptive
     )
+    scheduled, budget, preempted = schedule_running(running, waiting, blocks, token_budget, threshold)
     if preempted:  # V1 admits nobody in a step that had to preempt
         return scheduled
     while waiting and budget > 0 and len(running) < max_num_seqs:
@@ -133,13 +146,18 @@ def continuous_step(
         hits = _prefix_hits(request, blocks)
         computed = len(hits) * blocks.block_size
         n = request.num_tokens - computed
-        if 0 < long_prefill_token_threshold < n:
-            n = long_prefill_token_threshold
+        if 0 < threshold < n:
+            n = threshold
         if not chunked_prefill and n > budget:
             break
         n = min(n, budget)
-        if not _allocate(blocks, request, computed + n, hits):
+        if not rules.can_admit(
+            blocks, request.num_tokens, computed + n, hits, reserve_full_isl=reserve_full_isl,
+            watermark_blocks=watermark_blocks, others_running=bool(running),
+        ):  # fmt: skip
             break  # head-of-line blocking: later requests wait too
+        if not _allocate(blocks, request, computed + n, hits):
+            break
         _admit(request, n, computed, running, waiting, blocks)
         scheduled.append((request, n))
         budget -= n

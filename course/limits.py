@@ -2,10 +2,11 @@
 
 Two limits turn a request away before it runs:
 
-* the model's context, ``max_model_len``: prompt plus requested output must fit in it. The rule and
-  its wording are vLLM 0.11's OpenAI server (``vllm/entrypoints/openai/``, input validation), so a
-  client sees the same 400 from the course's server as from vLLM, and the simulator reports the
-  same reason;
+* the model's context, ``max_model_len``: prompt plus output must fit in it. A simulated workload
+  fixes every output length, so the simulator rejects a request that does not fit, in the words of
+  vLLM 0.11's OpenAI server (``vllm/entrypoints/openai/``, input validation). vLLM 0.32's server, and
+  the course's (``course serve``), clamp ``max_tokens`` to the room the prompt leaves instead, and
+  refuse only a prompt or a ``max_tokens`` longer than the context (:mod:`course.vllm_release`);
 * the KV cache: a request whose prompt plus output need more blocks than the whole cache has (or,
   under vLLM V0's free-block watermark, more than admission may use) could never run; the simulator
   rejects it on arrival instead of letting it block the queue forever.

@@ -150,7 +150,8 @@ BAD_REQUESTS = {
     "max_tokens zero": ({"prompt": "x", "max_tokens": 0}, "completions"),
     "max_tokens negative": ({"prompt": "x", "max_tokens": -5}, "completions"),
     "prompt longer than context": ({"prompt": " a" * 600, "max_tokens": 1}, "completions"),
-    "prompt + max_tokens over context": ({"prompt": "x", "max_tokens": 512}, "completions"),
+    "max_tokens over the whole context": ({"prompt": "x", "max_tokens": 513}, "completions"),
+    "a prompt that fills the context": ({"prompt": " a" * 512, "max_tokens": 1}, "completions"),
     "token id out of range": ({"prompt": [1, 999999]}, "completions"),
     "empty prompt": ({"prompt": ""}, "completions"),
     "n = 2": ({"prompt": "x", "n": 2}, "completions"),
@@ -202,6 +203,15 @@ def test_bad_requests_get_400_with_an_openai_error_body(server, case):
     error = response.json()["error"]
     assert isinstance(error["message"], str) and error["message"] and error["type"] == "BadRequestError"
     assert error["code"] == 400 and "param" in error
+
+
+def test_max_tokens_is_clamped_to_the_room_the_prompt_leaves(server):
+    """vLLM 0.32's rule (get_max_tokens): prompt + max_tokens over the context runs, cut at the context."""
+    body = {"model": MODEL, "prompt": " a" * 500, "max_tokens": 200, "ignore_eos": True}
+    response = httpx.post(server.base_url + "/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    usage, choice = response.json()["usage"], response.json()["choices"][0]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 512 and choice["finish_reason"] == "length"
 
 
 def test_openai_client_raises_bad_request(client):

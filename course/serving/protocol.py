@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from course.limits import context_length_error
+from course import vllm_release
 from course.serving.sampler import INT64_MAX, INT64_MIN, MAX_LOGPROBS
 
 DONE_EVENT = "data: [DONE]\n\n"
@@ -246,13 +246,7 @@ def _common(
     name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     if max_tokens is not None and max_tokens <= 0:
         raise BadRequest(f"'{name}' must be at least 1, got {max_tokens}", name)
-    if max_tokens is None:
-        room = ctx.max_model_len - len(prompt_ids)
-        max_tokens = min(room, default_max) if default_max else room
-    too_long = context_length_error(len(prompt_ids), max_tokens, ctx.max_model_len, name)
-    if too_long:
-        param, message = too_long
-        raise BadRequest(message, "messages" if param == "prompt" and kind == "chat" else param)
+    max_tokens = _output_cap(len(prompt_ids), max_tokens, default_max, ctx.max_model_len, name, kind)
     stream = _field(body, "stream", (bool,), default=False)
     options = _field(body, "stream_options", (dict,), default={})
     if options and not stream:  # vLLM 0.32: CompletionRequest.validate_stream_options
@@ -300,6 +294,32 @@ def _common(
         logprobs=_logprobs(body, kind),
         **_logit_processing(body, ctx),
     )
+
+
+def _output_cap(
+    prompt_tokens: int, max_tokens: int | None, default_max: int | None, max_model_len: int, name: str, kind: str
+) -> int:
+    """The output cap the request runs with, as vLLM 0.32's server decides it (:mod:`course.vllm_release`).
+
+    A prompt longer than the context, or an output cap larger than the whole context, is a 400; any
+    other cap is clamped to the room the prompt leaves (``get_max_tokens``), so a prompt that fills
+    the context exactly leaves none (vLLM then refuses ``max_tokens`` 0).
+    """
+    too_long = vllm_release.prompt_too_long_error(prompt_tokens, max_model_len)
+    if too_long:
+        raise BadRequest(too_long, "messages" if kind == "chat" else "prompt")
+    if max_tokens is not None and (over := vllm_release.max_tokens_error(max_tokens, max_model_len, name)):
+        raise BadRequest(over, name)
+    if max_tokens is None and default_max:
+        max_tokens = default_max
+    cap = vllm_release.clamp_max_tokens(prompt_tokens, max_tokens, max_model_len)
+    if cap < 1:
+        raise BadRequest(
+            f"{name} must be at least 1, got {cap}: the prompt ({prompt_tokens} tokens) fills the context of "
+            f"{max_model_len} tokens",
+            name,
+        )
+    return cap
 
 
 def _logprobs(body: dict, kind: str) -> int | None:

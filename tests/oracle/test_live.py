@@ -178,6 +178,7 @@ BAD_REQUESTS = [
     ("max_tokens < 1", {"model": "tiny", "prompt": "hi", "max_tokens": -1}, 400),
     ("max_tokens over the whole context", {"model": "tiny", "prompt": "hi", "max_tokens": MAX_MODEL_LEN + 1}, 400),
     ("prompt longer than the context", {"model": "tiny", "prompt": "hello " * 2000, "max_tokens": 1}, 400),
+    ("prompt filling the context", {"model": "tiny", "prompt": " a" * MAX_MODEL_LEN, "max_tokens": 1}, 400),
     ("temperature < 0", {"model": "tiny", "prompt": "hi", "max_tokens": 2, "temperature": -1}, 400),
     ("top_p > 1", {"model": "tiny", "prompt": "hi", "max_tokens": 2, "top_p": 1.5}, 400),
     ("no prompt", {"model": "tiny", "max_tokens": 2}, 400),
@@ -195,6 +196,17 @@ def test_bad_requests_get_the_same_status_and_error_shape(vllm_server, course_se
         error = response.json()["error"]
         assert {"message", "type", "param", "code"} <= set(error), f"{server.url}: {case}: {error}"
         assert error["code"] == status
+
+
+def test_max_tokens_is_clamped_alike(vllm_server, course_server):
+    """A prompt + max_tokens over the context runs on both, cut at the context (get_max_tokens)."""
+    body = {"model": "tiny", "prompt": " a" * 400, "max_tokens": 200, "ignore_eos": True}
+    for server in (vllm_server, course_server):
+        response = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+        assert response.status_code == 200, f"{server.url}: {response.text[:300]}"
+        usage = response.json()["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == MAX_MODEL_LEN, (server.url, usage)
+        assert response.json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_invalid_json_is_a_400_on_both(vllm_server, course_server):

@@ -243,3 +243,42 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def wait_until_healthy(process, base_url: str, log_path: Path, timeout: float = 120.0) -> None:
+    """Wait for a server process's ``/health`` to answer 200; fail with its log if it dies or never answers."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, log_path.read_text()[-2000:]
+        assert time.monotonic() < deadline, f"the server did not start within {timeout:.0f} s"
+        try:
+            if httpx.get(base_url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.3)
+
+
+def generate_staggered(engine, prompts: list, outputs: list[int], gap: float) -> list:
+    """Each prompt from its own thread, started ``gap`` seconds after the previous one (requests join and
+    leave a running batch); greedy, exactly ``outputs[i]`` tokens each. Returns the engine's results in order."""
+    import threading
+    import time
+
+    from course.serving import SamplingParams
+
+    results = [None] * len(prompts)
+
+    def client(i: int) -> None:
+        time.sleep(gap * i)
+        results[i] = engine.generate(prompts[i], SamplingParams(max_tokens=outputs[i], ignore_eos=True))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
+from helpers import generate_staggered, one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
 from course.serving.engine import Engine, SamplingParams
 from course.serving.testing import ForwardLog, chatty_tiny_model, greedy_reference, shared_chatty_model
@@ -197,17 +197,7 @@ def test_many_requests_with_small_budgets_keep_their_greedy_output(lm64, budget)
     outputs = torch.randint(1, 16, (12,), generator=generator).tolist()
     prompts = [torch.randint(4, 2048, (p,), generator=generator).tolist() for p in lengths]
     engine = Engine(lm64, max_batch_size=4, max_prefill_tokens=budget)
-    results = [None] * len(prompts)
-
-    def client(i: int) -> None:
-        time.sleep(0.003 * i)
-        results[i] = engine.generate(prompts[i], SamplingParams(max_tokens=outputs[i], ignore_eos=True))
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    results = generate_staggered(engine, prompts, outputs, gap=0.003)
     engine.stop()
     assert results == [greedy_reference(lm64, p, n) for p, n in zip(prompts, outputs)]
     assert max(decodes + prefilled for decodes, prefilled in engine.budget_used) <= budget

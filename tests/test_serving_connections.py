@@ -18,7 +18,7 @@ import time
 
 import httpx
 import pytest
-from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
+from helpers import one_torch_thread, wait_until_healthy  # noqa: F401  (autouse: one torch thread in this module)
 
 from course.serving.background import BackgroundServer, ConnectionLimits
 from course.serving.engine import Engine
@@ -180,15 +180,8 @@ def test_course_serve_memory_stays_flat_under_never_ending_headers(tmp_path):
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     sockets: list[socket.socket] = []
     try:
-        base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log_path.read_text()[-2000:]
-            assert time.monotonic() < deadline, "course serve did not start"
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        base = f"http://127.0.0.1:{port}"
+        wait_until_healthy(process, base, log_path)
         assert (
             httpx.post(base + "/v1/completions", json={"prompt": "warm", "max_tokens": 2}, timeout=30).status_code
             == 200

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 import torch
-from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
+from helpers import generate_staggered, one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
 from course.models import load_tokenizer
 from course.serving.detok import IncrementalDetokenizer
@@ -35,17 +34,7 @@ def test_batched_greedy_output_equals_one_at_a_time(lm64, max_batch_size):
     expected = [greedy_reference(lm64, p, n) for p, n in zip(prompts, outputs)]
     assert len({tuple(e[:3]) for e in expected}) > 5, "the test model should not repeat itself"
     engine = Engine(lm64, max_batch_size=max_batch_size)
-    results = [None] * len(prompts)
-
-    def client(i: int) -> None:
-        time.sleep(0.004 * i)  # staggered: requests join and leave a running batch
-        results[i] = engine.generate(prompts[i], SamplingParams(max_tokens=outputs[i], ignore_eos=True))
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    results = generate_staggered(engine, prompts, outputs, gap=0.004)
     stats = engine.stats()
     engine.stop()
     assert results == expected

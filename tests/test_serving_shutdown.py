@@ -15,6 +15,7 @@ import time
 
 import httpx
 import pytest
+from helpers import wait_until_healthy
 
 from course.serving.background import run_sync
 
@@ -35,15 +36,7 @@ def test_sigterm_under_load_ends_every_request_cleanly(tmp_path, engine_core):
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log_path.read_text()[-2000:]
-            assert time.monotonic() < deadline, "course serve did not start"
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        wait_until_healthy(process, base, log_path)
 
         async def main():
             body = {"prompt": "long", "max_tokens": 3000, "ignore_eos": True}

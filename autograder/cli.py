@@ -122,6 +122,7 @@ def _grade(args: argparse.Namespace) -> int:
         limits=_limits(args),
         progress=True,
         keep_jobs=args.keep_jobs,
+        scheduler=args.scheduler,
     )
     for result in results:
         if result.status != "graded":
@@ -213,6 +214,15 @@ def _grade_options(parser: argparse.ArgumentParser) -> None:
     for flag, kind, text in limits:
         parser.add_argument(flag, type=kind, default=None, help=text)
     parser.add_argument("--keep-jobs", action="store_true", help="keep each student's sandbox folder (debugging)")
+    parser.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="grade on a Dask cluster: its scheduler's tcp://HOST:PORT, or 'config' for the one dask's configuration "
+        "names (DASK_SCHEDULER_ADDRESS, ~/.config/dask/). Each job runs in the same sandbox with the same limits on "
+        "whichever worker takes it; every worker needs root, bubblewrap and this course version (checked first); "
+        "scores are merged here (default: grade on this machine)",
+    )
 
 
 def _db_option(parser: argparse.ArgumentParser) -> None:

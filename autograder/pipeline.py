@@ -227,13 +227,26 @@ def grade(
     progress: bool = False,
     keep_jobs: bool = False,
     on_result: Callable[[JobResult], None] | None = None,
+    scheduler=None,
 ) -> list[JobResult]:
     """Autograde the submitted notebooks of ``assignment`` in parallel sandboxes; merge into the gradebook.
 
     Returns one result per student, in student order. A student whose grading failed or timed out
     gets 0 on every cell, marked for manual grading, and a result whose message says why.
+
+    ``scheduler``: grade on a Dask cluster instead of this machine (a ``tcp://HOST:PORT`` address,
+    ``"config"`` for the one dask's configuration names, or a ``distributed.Client``); see
+    :mod:`autograder.cluster`. ``workers`` is then the cluster's business and must be None.
     """
     with course.exclusive(f"grade {assignment}"):
+        if scheduler is not None:
+            from autograder import cluster
+
+            if workers is not None:
+                raise ValueError("--workers is for grading on this machine; on a cluster, each worker's threads are")
+            return cluster.grade(
+                course, assignment, students, scheduler, sandbox, limits, template, progress, keep_jobs, on_result
+            )
         return _grade(course, assignment, students, workers, sandbox, limits, template, progress, keep_jobs, on_result)
 
 
@@ -247,8 +260,7 @@ def _grade(course, assignment, students, workers, sandbox, limits, template, pro
         limits = dataclasses.replace(limits, threads=max(1, (os.cpu_count() or 1) // workers))
     template = template or template_gradebook(course, assignment)
     ensure_assignment(course, assignment, template)
-    extra = course.source_dir / assignment
-    has_extra = any(p.is_file() and p.suffix != ".ipynb" for p in extra.rglob("*")) if extra.is_dir() else False
+    extra = extra_files(course, assignment)
     jobs_root = Path(tempfile.mkdtemp(prefix=f"autograder-{assignment}-"))
     lease = UidLease(workers) if mode == "bwrap" else None  # uids no other run on this machine holds
     slots: list[int] = list(lease.slots) if lease else list(range(workers))
@@ -256,25 +268,12 @@ def _grade(course, assignment, students, workers, sandbox, limits, template, pro
     results: dict[str, JobResult] = {}
 
     def one(student: str) -> JobResult:
-        folder = course.submitted / student / assignment
-        stamp = folder / "timestamp.txt"
-        timestamp = stamp.read_text().strip() if stamp.is_file() and not stamp.is_symlink() else None
-        flags = course.flag_reasons(assignment, student)
-        submitted = course.submitted_notebooks(assignment, student)
-        if not submitted:  # nothing readable: 0, marked for manual grading, with the reasons
+        job, flags = student_job(course, assignment, student, template, extra, limits)
+        if job is None:  # nothing readable: 0, marked for manual grading, with the reasons
             result = JobResult(student, "failed", "; ".join(flags) or "no notebook was submitted", flags=flags)
             with merge_lock:
-                _store(course, assignment, result, timestamp)
+                store(course, assignment, result, _timestamp(course, assignment, student))
             return result
-        job = Job(
-            assignment=assignment,
-            student=student,
-            notebooks={name: str(path) for name, path in submitted.items()},
-            template_db=str(template),
-            extra_files=str(extra) if has_extra else None,
-            timestamp=timestamp,
-            limits=limits,
-        )
         with slot_lock:
             slot = slots.pop()
         try:
@@ -284,7 +283,7 @@ def _grade(course, assignment, students, workers, sandbox, limits, template, pro
                 slots.append(slot)
         result.flags = flags + result.flags  # collect's and repair's, then the sandbox's (replaced test machinery)
         with merge_lock:
-            _store(course, assignment, result, job.timestamp)
+            store(course, assignment, result, job.timestamp)
         if not keep_jobs:
             shutil.rmtree(jobs_root / _job_folder(student), ignore_errors=True)
         return result
@@ -315,12 +314,45 @@ def _grade(course, assignment, students, workers, sandbox, limits, template, pro
     return [results[student] for student in students]
 
 
+def extra_files(course: Course, assignment: str) -> Path | None:
+    """The assignment's folder in solutions/ when it holds files other than notebooks (they go with each job)."""
+    extra = course.source_dir / assignment
+    if extra.is_dir() and any(p.is_file() and p.suffix != ".ipynb" for p in extra.rglob("*")):
+        return extra
+    return None
+
+
+def _timestamp(course: Course, assignment: str, student: str) -> str | None:
+    stamp = course.submitted / student / assignment / "timestamp.txt"
+    return stamp.read_text().strip() if stamp.is_file() and not stamp.is_symlink() else None
+
+
+def student_job(
+    course: Course, assignment: str, student: str, template: Path, extra: Path | None, limits: Limits
+) -> tuple[Job | None, list[str]]:
+    """(the job that grades ``student``, or None when nothing of theirs is readable; their flags)."""
+    flags = course.flag_reasons(assignment, student)
+    submitted = course.submitted_notebooks(assignment, student)
+    if not submitted:
+        return None, flags
+    job = Job(
+        assignment=assignment,
+        student=student,
+        notebooks={name: str(path) for name, path in submitted.items()},
+        template_db=str(template),
+        extra_files=str(extra) if extra else None,
+        timestamp=_timestamp(course, assignment, student),
+        limits=limits,
+    )
+    return job, flags
+
+
 def _job_folder(student: str) -> str:
     """A folder name for a student's job: ASCII, so every tool in the sandbox handles the path."""
     return hashlib.sha256(student.encode()).hexdigest()[:16]
 
 
-def _store(course: Course, assignment: str, result: JobResult, timestamp: str | None) -> None:
+def store(course: Course, assignment: str, result: JobResult, timestamp: str | None) -> None:
     """Merge a result into the gradebook and the course folders (called one at a time)."""
     merge_result(course, assignment, result, timestamp)
     target = course.autograded / result.student / assignment

@@ -66,9 +66,9 @@ class HardwareSpec:
 # below are read from such public logs; they vary by a few hundredths of a GiB with the driver.
 _LOG = "vLLM startup log 'total_gpu_memory ({gib}GiB)'"
 _LOG_80GB = (
-    _LOG.format(gib="79.14") + " for an 8B model on an 80 GB card (the course's serving reference, "
-    "section 11: 71.22 GiB requested at 0.90, 54.93 GiB left for the KV cache); other public 80 GB logs "
-    "read 79.11-79.25 GiB"
+    _LOG.format(gib="79.14") + " for an 8B model on an 80 GB card (a public vLLM log of a version up to "
+    "0.11: 71.22 GiB requested at 0.90, 54.93 GiB left for the KV cache; course.kv.vllm.REFERENCE_LOG); "
+    "other public 80 GB logs read 79.11-79.25 GiB"
 )
 _A100_DATASHEET = (
     "NVIDIA A100 datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"

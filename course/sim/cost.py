@@ -34,8 +34,8 @@ import numpy as np
 from course.geometry import ModelGeometry
 from course.hardware import HardwareSpec
 
-# Fraction of the datasheet roofs that dense GEMMs reach. Derived in the course's serving reference
-# from Vidur's measured GEMM times (github.com/microsoft/vidur, data/profiling/compute/*/mlp.csv):
+# Fraction of the datasheet roofs that dense GEMMs reach, derived from Vidur's measured GEMM times
+# (github.com/microsoft/vidur, data/profiling/compute/*/mlp.csv):
 # A100 and H100 decode steps reach 77-78 % of peak bandwidth, long prefills 73-77 % of peak FLOP/s,
 # i.e. a pure roofline under-predicts by 1.3-1.5x (up to 2x near the ridge point).
 ROOFLINE_EFFICIENCY = {"flops": 0.75, "bandwidth": 0.77}

@@ -22,14 +22,32 @@ ROOT = Path(__file__).resolve().parent
 
 _notebook_seconds: dict[str, float] = defaultdict(float)
 
-# The library's own tests, which run no notebook, start no server process and grade nothing: the
-# inner loop for a maintainer changing course/ (`bin/test -m fast`, well under a minute). Listed
-# here rather than marked in each file so that a new library test module is added in one place.
+# The tests that run in-process in a few seconds each and run no notebook, grade nothing and start no
+# server process: the inner loop for a maintainer changing course/, course/serving/, course/sim/,
+# course/kv/, autograder/ or benchmarks/ (`bin/test -m fast`, under a minute on a quiet 2-core machine;
+# README, "For maintainers"). The serving ones drive the engine by hand or serve it from a thread of
+# the test process. Listed here rather than marked in each file so that a module is added in one place.
 FAST_MODULES = {
+    "test_autograder_cli.py",
+    "test_autograder_collect_repair.py",
+    "test_benchmark_processes.py",
+    "test_capacity.py",
+    "test_cli.py",
+    "test_env.py",
     "test_grading_helpers.py",
+    "test_graphs.py",
     "test_hardware_geometry_roofline.py",
     "test_kv.py",
     "test_kv_properties.py",
+    "test_kv_vllm.py",
+    "test_models.py",
+    "test_prose_model.py",
+    "test_serving_aborts.py",
+    "test_serving_admission.py",
+    "test_serving_engine.py",
+    "test_serving_grad.py",
+    "test_serving_runner.py",
+    "test_serving_sampling.py",
     "test_sim.py",
     "test_sim_properties.py",
     "test_trace_metrics.py",

@@ -22,11 +22,13 @@ ROOT = Path(__file__).resolve().parent
 
 _notebook_seconds: dict[str, float] = defaultdict(float)
 
-# The tests that run in-process in a few seconds each and run no notebook, grade nothing and start no
-# server process: the inner loop for a maintainer changing course/, course/serving/, course/sim/,
+# The tests that take a few seconds per module and run no notebook, grade nothing and serve from no
+# other process: the inner loop for a maintainer changing course/, course/serving/, course/sim/,
 # course/kv/, autograder/ or benchmarks/ (`bin/test -m fast`, under a minute on a quiet 2-core machine;
 # README, "For maintainers"). The serving ones drive the engine by hand or serve it from a thread of
-# the test process. Listed here rather than marked in each file so that a module is added in one place.
+# the test process; test_cli.py runs the console scripts' --help and one engine-core process that
+# refuses a bad argument at once. Listed here rather than marked in each file so that a module is
+# added in one place.
 FAST_MODULES = {
     "test_autograder_cli.py",
     "test_autograder_collect_repair.py",

@@ -20,7 +20,7 @@
 
     .venv/bin/python benchmarks/sim_fidelity.py [--rate 5] [--requests 150] [--keep DIR]
 
-Timings on a shared machine are noisy; run it on a quiet one for the README figures. The cost model is
+Timings on a shared machine are noisy; run it on a quiet one for the figures in benchmarks/RESULTS.md. The cost model is
 deterministic (no step-to-step variance), so where the runtime's steps jitter, and where a busy client reads
 chunks in bursts, the measured p95s are wider than the simulated ones.
 """

@@ -9,7 +9,7 @@ the writer's side, the way the engine core sees it:
 * "reader asleep on the pipe": the reader, pinned to core 1, blocks in ``os.read`` (what the
   server's event loop does);
 * "reader polling": the reader naps 100 µs between non-blocking checks, so a write finds nobody
-  to wake (the alternative, which costs the reader CPU instead: see the README's serving section).
+  to wake (the alternative, which costs the reader CPU instead: see benchmarks/RESULTS.md, the streaming server).
 
 The writer, pinned to core 0, writes 60 bytes (about one step's message at one stream) every
 ``--period-ms`` of busy work (a stand-in for the forward pass), ``--writes`` times; printed: the

@@ -41,7 +41,7 @@ FREE_RATIO = 1.5
 LONG_PROMPT = 512  # prefill at or above this many tokens should be compute-bound
 # Torch threads for the phase measurements on a CPU runtime (module 1, section 3, says why): on the
 # course's 2-core machine one thread with prepacked oneDNN weights met all three targets and torch's
-# default two missed them (README, benchmarks/phases.py). The roofs are measured with the same count.
+# default two missed them (benchmarks/RESULTS.md, benchmarks/phases.py). The roofs are measured with the same count.
 CPU_THREADS = 1
 
 

@@ -104,8 +104,9 @@ def grade_on_worker(payload: dict) -> dict:
     if mode == "bwrap" and bwrap_problem():
         raise WrongVersion(f"worker {where} ({socket.gethostname()}) cannot sandbox: {bwrap_problem()}")
     limits = Limits(**payload["limits"])
-    if limits.threads <= 0:
-        limits = dataclasses.replace(limits, threads=max(1, (os.cpu_count() or 1) // _worker_threads()))
+    if limits.threads <= 0:  # this machine's cores shared by every worker thread on it (several processes too)
+        threads = payload.get("host_threads", {}).get(_host(where)) or _worker_threads()
+        limits = dataclasses.replace(limits, threads=max(1, (os.cpu_count() or 1) // threads))
     with tempfile.TemporaryDirectory(prefix="autograder-job-") as tmp:
         folder = Path(tmp)
         os.chmod(folder, 0o700)
@@ -152,6 +153,11 @@ def _worker_address() -> str:
         return get_worker().address
     except ValueError:  # not on a worker (called directly)
         return socket.gethostname()
+
+
+def _host(address: str) -> str:
+    """The host part of a worker address (tcp://HOST:PORT)."""
+    return address.split("://")[-1].rsplit(":", 1)[0]
 
 
 def _worker_threads() -> int:
@@ -224,7 +230,7 @@ def check_workers(client, sandbox: str, workers: list[str] | None = None) -> tup
     return mode, good, problems
 
 
-def _payload(job, version: str, mode: str, template) -> dict:
+def _payload(job, version: str, mode: str, template, host_threads: dict[str, int]) -> dict:
     extra = {}
     if job.extra_files:
         base = Path(job.extra_files)
@@ -243,6 +249,7 @@ def _payload(job, version: str, mode: str, template) -> dict:
         "limits": asdict(job.limits),
         "version": version,
         "sandbox": mode,
+        "host_threads": host_threads,
     }
 
 
@@ -267,7 +274,7 @@ def grade(course, assignment, students, scheduler, sandbox, limits, template, pr
     ensure_assignment(course, assignment, template)
     client, owned = connect(scheduler)
     try:
-        client.wait_for_workers(1, timeout=RECONNECT_S)
+        _wait_for_a_worker(client)
         mode, good, problems = check_workers(client, sandbox)
         if problems:
             raise RuntimeError(
@@ -301,15 +308,16 @@ class _ClusterRun:
         self.run_id = uuid.uuid4().hex[:8]
         self.attempts: dict[str, int] = {}
         self.allowed: dict[str, frozenset[str]] = {}  # student -> the workers their live job may run on
-        self.merge_seconds: list[float] = []
         self._warned: set[str] = set()
+        self._alone_since: float | None = None
+        self.host_threads: dict[str, int] = {}
 
     def _submit(self, student: str, job):
         self.attempts[student] = self.attempts.get(student, 0) + 1
         self.allowed[student] = frozenset(self.good)
         future = self.client.submit(
             grade_on_worker,
-            _payload(job, self.version, self.mode, self._template_future),
+            _payload(job, self.version, self.mode, self._template_future, self.host_threads),
             key=f"autograde-{self.assignment}-{self.run_id}-{student}-{self.attempts[student]}",
             workers=sorted(self.good),
             allow_other_workers=False,
@@ -317,6 +325,14 @@ class _ClusterRun:
         )
         future.add_done_callback(self._done.put)
         return future
+
+    def _look_at_workers(self) -> set[str]:
+        """The live workers; notes how many worker threads each machine has (they share its cores)."""
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        self.host_threads: dict[str, int] = {}
+        for address, info in workers.items():
+            self.host_threads[_host(address)] = self.host_threads.get(_host(address), 0) + int(info["nthreads"])
+        return set(workers)
 
     def _submit_template(self) -> None:
         data = self.template.read_bytes()
@@ -343,7 +359,7 @@ class _ClusterRun:
         def finish(result: JobResult, timestamp) -> None:
             started = time.perf_counter()
             store(self.course, self.assignment, result, timestamp)
-            self.merge_seconds.append(time.perf_counter() - started)
+            result.timings["merge_s"] = time.perf_counter() - started  # in memory only: for the benchmark
             results[result.student] = result
             if not keep_jobs:
                 shutil.rmtree(jobs_root / _job_folder(result.student), ignore_errors=True)
@@ -356,6 +372,7 @@ class _ClusterRun:
         self._done: queue.Queue = queue.Queue()
         pending: dict[str, object] = {}  # student -> their live future
         try:
+            self._look_at_workers()
             self._submit_template()
             for student in students:
                 job, flags = student_job(self.course, self.assignment, student, self.template, self.extra, self.limits)
@@ -430,7 +447,7 @@ class _ClusterRun:
             time.sleep(0.2)
         while not self._drain():
             pass
-        self.client.wait_for_workers(1, timeout=RECONNECT_S)
+        _wait_for_a_worker(self.client)
         _, self.good, problems = check_workers(self.client, "none" if self.mode == "none" else "bwrap")
         self._warn(problems)
         if not self.good:
@@ -449,15 +466,23 @@ class _ClusterRun:
 
     def _refresh(self, pending: dict, jobs: dict, resubmit: list[str] = ()) -> None:
         """New workers that pass the check may take jobs; jobs whose workers all left go to the others."""
-        live = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        live = self._look_at_workers()
         new = sorted(live - self.good)
         if new:
             _, good, problems = check_workers(self.client, "none" if self.mode == "none" else "bwrap", workers=new)
             self.good |= good
             self._warn(problems)
         self.good &= live
-        if not self.good and pending:
-            return  # wait for a worker that can grade
+        if not self.good and pending:  # wait for a worker that can grade, for a while
+            self._alone_since = self._alone_since or time.monotonic()
+            if time.monotonic() - self._alone_since > RECONNECT_S:
+                raise RuntimeError(
+                    f"no worker of the cluster at {self.client.scheduler.address} could grade for {RECONNECT_S} s: "
+                    f"{len(pending)} student(s) not graded (those graded are in the gradebook); start workers and "
+                    "run the command again for the rest with --student"
+                )
+            return
+        self._alone_since = None
         for student, future in list(pending.items()):
             if student in resubmit or not (self.allowed[student] & self.good):
                 future.release()
@@ -468,6 +493,16 @@ class _ClusterRun:
             if problem not in self._warned:
                 self._warned.add(problem)
                 print(f"autograder grade: not using a worker: {problem}", file=sys.stderr)
+
+
+def _wait_for_a_worker(client) -> None:
+    try:
+        client.wait_for_workers(1, timeout=RECONNECT_S)
+    except TimeoutError:
+        raise RuntimeError(
+            f"no worker joined the cluster at {client.scheduler.address} within {RECONNECT_S} s: start workers "
+            f"(`dask worker {client.scheduler.address}` on each grading machine, as root)"
+        ) from None
 
 
 def _failure(error: BaseException) -> str:

@@ -406,7 +406,15 @@ class _ClusterRun:
                         continue
                     result = JobResult(student, "failed", _failure(error))
                 else:
-                    result = self._result(future.result(), jobs_root / _job_folder(student))
+                    try:
+                        data = future.result()
+                    except Exception as error:  # noqa: BLE001 (cancelled as it was fetched: the scheduler went)
+                        if future.status == "cancelled" or self.client.status != "running":
+                            self._resume(pending, jobs)
+                            continue
+                        data, result = None, JobResult(student, "failed", _failure(error))
+                    if data is not None:
+                        result = self._result(data, jobs_root / _job_folder(student))
                 del pending[student]
                 result.flags = flags_of[student] + result.flags
                 finish(result, jobs[student].timestamp)

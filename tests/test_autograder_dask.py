@@ -356,3 +356,19 @@ def test_the_same_class_graded_twice_at_once_is_refused(cluster, tmp_path, capsy
     err = capsys.readouterr().err
     assert code == 2 and "another autograder run is grading tiny into the gradebook" in err, err
     assert not (copies[1].root / "autograded").exists(), "the refused run graded someone"
+
+
+def test_bad_cluster_options_are_clear_errors(tmp_path, capsys):
+    import dask
+
+    root = tmp_path / "course"
+    _class_course(root)
+    code = cli.main(
+        ["--root", str(root), "grade", TINY_ASSIGNMENT, "--scheduler", "tcp://127.0.0.1:1", "--workers", "2"]
+    )
+    assert code == 2 and "--workers is for grading on this machine" in capsys.readouterr().err
+    with dask.config.set({"scheduler-address": None}):
+        code = cli.main(["--root", str(root), "grade", TINY_ASSIGNMENT, "--scheduler", "config"])
+    err = capsys.readouterr().err
+    assert code == 2 and "DASK_SCHEDULER_ADDRESS" in err and "--scheduler tcp://HOST:PORT" in err, err
+    assert not (root / "autograded").exists()

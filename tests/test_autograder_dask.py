@@ -30,6 +30,7 @@ pytest.importorskip("distributed")
 
 from distributed import Client, Lock  # noqa: E402
 from helpers import CORRECT, TINY_ASSIGNMENT, submit, tiny_course  # noqa: E402
+from test_autograder_postgres import postgres  # noqa: E402, F401  (the fixture: a throwaway PostgreSQL server)
 
 from autograder import cli, pipeline  # noqa: E402
 from autograder.cluster import _lock_name  # noqa: E402
@@ -227,6 +228,24 @@ def test_a_worker_killed_mid_job_costs_no_grade_and_the_class_matches_a_local_ru
     assert _csv(root) == local_csv, "the cluster's grades.csv differs from the local run's"
     assert _gradebook_submissions(root) == sorted(CLASS), "every student exactly once in the gradebook"
     assert sorted(p.name for p in (root / "autograded").iterdir()) == sorted(CLASS)
+
+
+def test_a_class_graded_on_the_cluster_lands_in_a_postgresql_gradebook(cluster, tmp_path, local_csv, postgres):  # noqa: F811
+    """The cluster's usual gradebook: scores merged into PostgreSQL, once per student, as a local run's."""
+    from nbgrader.api import Gradebook
+
+    cluster.start_worker()
+    cluster.wait_for_workers(1)
+    root = tmp_path / "course"
+    _class_course(root, db_url=postgres)
+    grade = ["--root", str(root), "grade", TINY_ASSIGNMENT, "--scheduler", cluster.address, "--db-url", postgres]
+    assert cli.main(grade) == 0
+    assert cli.main(["--root", str(root), "export", TINY_ASSIGNMENT, "--db-url", postgres]) == 0
+    assert _csv(root) == local_csv, "the cluster's grades.csv (PostgreSQL) differs from the local run's"
+    with Gradebook(postgres) as gradebook:
+        submissions = [s.student.id for s in gradebook.find_assignment(TINY_ASSIGNMENT).submissions]
+    assert sorted(submissions) == sorted(CLASS), "every student exactly once in the PostgreSQL gradebook"
+    assert not (root / "gradebook.db").exists(), "the SQLite default must not be used"
 
 
 def test_workers_that_cannot_grade_are_named_before_any_job_runs(cluster, tmp_path, capsys, request):

@@ -210,10 +210,20 @@ def test_a_worker_killed_mid_job_costs_no_grade_and_the_class_matches_a_local_ru
     )
     run.start()
     try:
-        # Kill the first worker while a student's sandbox runs in it (its job is half done).
-        _until(lambda: _sandboxes_of(first.pid), "a job in the first worker's sandbox")
+        # Kill the first worker while a student's sandbox runs in it (its job is half done). A sandbox
+        # alone is not enough: the pre-flight check runs bubblewrap on every worker before any job, so
+        # wait until the scheduler also says a job is processing there.
         victim = cluster.worker_address(first)
-        running = cluster.connect().processing(workers=[victim])[victim]
+        held = {}
+
+        def job_in_sandbox() -> bool:
+            if not _sandboxes_of(first.pid):
+                return False
+            held["keys"] = cluster.connect().processing(workers=[victim])[victim]
+            return bool(held["keys"])
+
+        _until(job_in_sandbox, "a student's job in the first worker's sandbox")
+        running = held["keys"]
         cluster.stop(first)
     finally:
         run.join(timeout=600)

@@ -430,3 +430,24 @@ def test_attention_sinks_add_no_cached_tokens():
     g = geometry.from_hf_config(model.config.to_dict())
     assert (g.num_sliding_layers, g.count(geometry.FULL)) == (2, 2)
     assert _attention_bytes(_real_cache(model, 2, 30)) == kv.batch_bytes(g, 30, 2, "fp32")
+
+
+def test_weights_default_to_the_dtype_vllm_serves_the_checkpoint_in():
+    """One served-dtype rule (0.32's ``_resolve_auto_dtype``) for weights and KV; the old table served every
+    float32 checkpoint in fp16, so a CPU or an fp32 --dtype never changed the weight bytes."""
+    fp32 = geometry.ModelGeometry(
+        name="fp32-checkpoint",
+        num_layers=2,
+        num_query_heads=2,
+        num_kv_heads=2,
+        head_dim=8,
+        hidden_size=16,
+        num_params=1_000,
+        weight_dtype="fp32",
+    )
+    assert vllm.served_dtype("fp32", hardware.gpu("H100-SXM")) == "bf16"
+    assert vllm.served_dtype("fp32", hardware.gpu("T4")) == "fp16"
+    assert kv.total_weight_bytes(fp32) == kv.total_weight_bytes(fp32, "bf16") == 2_000
+    assert kv.total_weight_bytes(fp32, device="CPU") == 2_000
+    report = kv.budget(fp32, gpu="CPU", dtype="float32", kv_cache_memory_bytes=2**30, max_model_len=64)
+    assert report.weights == 4_000, "an explicit --dtype float32 serves (and counts) the weights in fp32"

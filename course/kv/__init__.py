@@ -33,7 +33,7 @@ from course.kv.budget import (
 )
 from course.kv.catalogue import CATALOGUE_FILE, CatalogueEntry, catalogue, catalogue_entry, get_model, models
 from course.kv.cli import add_cli_arguments, run_cli
-from course.kv.dtypes import KV_DTYPES, KVDtype, get_kv_dtype, serving_dtype
+from course.kv.dtypes import KV_DTYPES, KVDtype, get_kv_dtype
 from course.kv.paging import PagedBlocks, page_bytes, paged_blocks
 from course.kv.params import count_params
 from course.kv.report import geometry_summary
@@ -84,7 +84,6 @@ __all__ = [
     "paged_blocks",
     "run_cli",
     "sequence_bytes",
-    "serving_dtype",
     "state_bytes",
     "state_pages_per_request",
     "total_weight_bytes",

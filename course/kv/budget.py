@@ -27,7 +27,7 @@ from course.geometry import CHUNKED, FULL, SLIDING, STATE, WITH_STATE, ModelGeom
 from course.hardware import HardwareSpec
 from course.kv import vllm
 from course.kv.catalogue import get_model
-from course.kv.dtypes import WEIGHT_BYTES, KVDtype, get_kv_dtype, serving_dtype
+from course.kv.dtypes import WEIGHT_BYTES, KVDtype, get_kv_dtype
 from course.kv.sizes import _positive_int, kv_heads_per_gpu, layer_bytes_per_token, state_bytes
 from course.sim.blocks import cdiv
 
@@ -347,15 +347,19 @@ class KVBudget:
         return "\n".join(lines)
 
 
-def total_weight_bytes(geometry: ModelGeometry, weight_dtype: str | None = None) -> float:
-    """Bytes of all weights (all GPUs together) in the serving dtype."""
+def total_weight_bytes(
+    geometry: ModelGeometry, weight_dtype: str | None = None, device: str | HardwareSpec = "H100-SXM"
+) -> float:
+    """Bytes of all weights (all GPUs together) in ``weight_dtype``, by default the dtype vLLM serves the
+    checkpoint in on ``device`` (:func:`course.kv.vllm.served_dtype`; fp8 checkpoints keep fp8 weights)."""
     if geometry.num_params is None:
         raise ValueError(
             f"weights: the parameter count of {geometry.name} is unknown; pass weight_bytes (CLI: --weights-gib)"
         )
-    name = weight_dtype or (
-        geometry.weight_dtype if geometry.weight_dtype == "fp8" else serving_dtype(geometry.weight_dtype)
-    )
+    if weight_dtype is None and geometry.weight_dtype != "fp8":
+        spec = device if isinstance(device, HardwareSpec) else hardware.gpu(device)
+        weight_dtype = vllm.served_dtype(geometry.weight_dtype, spec)
+    name = weight_dtype or geometry.weight_dtype
     if name not in WEIGHT_BYTES:
         raise ValueError(f"weight_dtype: unknown {name!r}; allowed: {', '.join(WEIGHT_BYTES)}")
     return geometry.num_params * WEIGHT_BYTES[name]
@@ -475,8 +479,9 @@ def budget(
         total_weights = 0.0  # the KV size is given: vLLM does not budget the weights for it
         notes.append("weights unknown (no parameter count): not needed, kv_cache_memory_bytes sets the KV cache")
     else:
-        default_weights = g.weight_dtype if g.weight_dtype == "fp8" else model_dtype
-        total_weights = total_weight_bytes(g, weight_dtype or default_weights)
+        # fp8 checkpoints keep fp8 weights whatever --dtype says; otherwise the weights are in the served dtype
+        served = None if dtype == "auto" or g.weight_dtype == "fp8" else model_dtype
+        total_weights = total_weight_bytes(g, weight_dtype or served, spec)
     if model_dtype != (g.weight_dtype or "fp32") and g.weight_dtype != "fp8" and dtype == "auto":
         notes.append(
             f"the checkpoint is {g.weight_dtype or 'fp32'}: vLLM serves it in {model_dtype} on {spec.name} "

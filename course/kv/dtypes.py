@@ -119,13 +119,4 @@ def get_kv_dtype(dtype: str | KVDtype | Any) -> KVDtype:
     return KV_DTYPES[key]
 
 
-# The dtype vLLM serves weights in, given the checkpoint's ("auto": fp32 checkpoints run in fp16;
-# fp8 checkpoints compute, and cache, in bf16). A config without a dtype is an fp32 checkpoint to
-# vLLM (GPT-2's).
-_SERVING_DTYPE = {"fp32": "fp16", "fp16": "fp16", "bf16": "bf16", "fp8": "bf16", None: "fp16"}
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-
-
-def serving_dtype(weight_dtype: str | None) -> str:
-    """The KV dtype vLLM's ``kv_cache_dtype="auto"`` gives a checkpoint of ``weight_dtype``: its compute dtype."""
-    return _SERVING_DTYPE.get(weight_dtype, "bf16")

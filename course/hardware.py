@@ -14,7 +14,7 @@ the CUDA driver reports as the card's total (``torch.cuda.mem_get_info()[1]``), 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GB = 1e9
 GiB = 2**30
@@ -38,6 +38,8 @@ class HardwareSpec:
         platform: the vLLM platform that serves on it: "cuda" or "cpu" (vLLM's CPU build).
         supports_bf16: whether it computes in bfloat16 (NVIDIA compute capability >= 8.0, x86 and
             aarch64 CPUs); vLLM serves a float32 checkpoint in bf16 where it does, else fp16.
+        compute_capability: NVIDIA's (major, minor) compute capability, None for a CPU; vLLM picks
+            attention backends by it (vllm/platforms/cuda.py).
     """
 
     name: str
@@ -49,6 +51,7 @@ class HardwareSpec:
     driver_memory_source: str = ""
     platform: str = "cuda"
     supports_bf16: bool = True
+    compute_capability: tuple[int, int] | None = None
 
     @property
     def total_memory(self) -> float:
@@ -160,6 +163,14 @@ GPUS: dict[str, HardwareSpec] = {
         ),
     ]
 }
+
+# Compute capability per catalogue GPU, from NVIDIA's table https://developer.nvidia.com/cuda-gpus
+_COMPUTE_CAPABILITY = {
+    "T4": (7, 5), "L4": (8, 9), "A10G": (8, 6), "A100-40GB": (8, 0), "A100-80GB": (8, 0),
+    "H100-SXM": (9, 0), "H200-SXM": (9, 0),
+}  # fmt: skip
+for _name, _capability in _COMPUTE_CAPABILITY.items():
+    GPUS[_name] = replace(GPUS[_name], compute_capability=_capability)
 
 # Other names people use for the catalogue GPUs.
 ALIASES = {"H100": "H100-SXM", "H200": "H200-SXM", "A100-80G": "A100-80GB", "A100-40G": "A100-40GB"}
@@ -350,3 +361,121 @@ def _physical_memory_bytes() -> float:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return float("nan")
+
+
+# --- interconnects: what tensor- and pipeline-parallel GPUs talk over -------------------------------
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """The link a GPU uses to exchange activations with its peers.
+
+    Attributes:
+        name: "NVLink 4", "PCIe Gen5 x16", "InfiniBand NDR" ...
+        kind: "nvlink", "pcie" or "network" (between servers).
+        bandwidth: bytes/s one GPU can send in one direction at the same time as it receives as much
+            (the datasheets print the sum of both directions: half of it).
+        latency: seconds one collective or transfer costs before its first byte moves (launch, the
+            peers' handshake); NVIDIA's datasheets give none, see ``latency_source``.
+        domain: most GPUs that share this link (NVLink: the GPUs of one server); a group larger than
+            this needs the next link out.
+        source: the vendor's document for the bandwidth.
+        latency_source: where the latency comes from.
+    """
+
+    name: str
+    kind: str
+    bandwidth: float
+    latency: float
+    domain: int
+    source: str
+    latency_source: str
+
+
+# Latency: no datasheet prints one. NCCL's and vLLM's small-message all-reduces on 8 NVLink GPUs take
+# a few microseconds to tens of microseconds; the figures below are round ASSUMPTIONS in that range (a
+# PCIe hop goes through the host bridge, a network hop through two NICs and a switch) and
+# benchmarks/parallel_check.py shows how much the check moves with them.
+_NVLINK_LATENCY = 8e-6
+_PCIE_LATENCY = 20e-6
+_NETWORK_LATENCY = 30e-6
+_LATENCY_NOTE = (
+    "ASSUMED: NVIDIA's datasheets give no latency; a round figure in the range of small-message all-reduce "
+    "times reported for NCCL and vLLM's custom all-reduce (vllm/distributed/device_communicators/"
+    "custom_all_reduce.py), sensitivity in benchmarks/parallel_check.py"
+)
+_H100_PAGE = "NVIDIA H100 product page, specifications table, https://www.nvidia.com/en-us/data-center/h100/"
+_H200_PAGE = "NVIDIA H200 product page, specifications table, https://www.nvidia.com/en-us/data-center/h200/"
+_DGX_H100 = (
+    "NVIDIA DGX H100/H200 datasheet (8x ConnectX-7, 400 Gb/s InfiniBand NDR per GPU), "
+    "https://resources.nvidia.com/en-us-dgx-systems/ai-enterprise-dgx"
+)
+
+INTERCONNECTS: dict[str, tuple[Interconnect, ...]] = {
+    "T4": (
+        Interconnect("PCIe Gen3 x16", "pcie", 16 * GB, _PCIE_LATENCY, 8,
+                     "NVIDIA T4 datasheet: 'Interconnect bandwidth 32 GB/s' (PCIe Gen3 x16, both directions), "
+                     "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf",
+                     _LATENCY_NOTE),
+    ),
+    "L4": (
+        Interconnect("PCIe Gen4 x16", "pcie", 32 * GB, _PCIE_LATENCY, 8,
+                     "NVIDIA L4 datasheet: 'Interconnect PCIe Gen4 x16 64GB/s' (both directions), no NVLink, "
+                     "https://www.nvidia.com/en-us/data-center/l4/", _LATENCY_NOTE),
+    ),
+    "A10G": (
+        Interconnect("PCIe Gen4 x16", "pcie", 32 * GB, _PCIE_LATENCY, 8,
+                     "NVIDIA A10 datasheet: 'Interconnect PCIe Gen4 64GB/s' (both directions); AWS G5 servers have "
+                     "no NVLink, https://www.nvidia.com/en-us/data-center/products/a10-gpu/", _LATENCY_NOTE),
+    ),
+    "A100-40GB": (
+        Interconnect("NVLink 3", "nvlink", 300 * GB, _NVLINK_LATENCY, 8,
+                     _A100_DATASHEET + ": 'NVIDIA NVLink 600GB/s' (SXM, both directions)", _LATENCY_NOTE),
+        Interconnect("PCIe Gen4 x16", "pcie", 32 * GB, _PCIE_LATENCY, 8,
+                     _A100_DATASHEET + ": 'PCIe Gen4 64GB/s' (both directions)", _LATENCY_NOTE),
+        Interconnect("InfiniBand HDR", "network", 25 * GB, _NETWORK_LATENCY, 1 << 16,
+                     "NVIDIA DGX A100 datasheet (8x ConnectX-6, 200 Gb/s HDR InfiniBand per GPU), "
+                     "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/nvidia-dgx-a100-datasheet.pdf",
+                     _LATENCY_NOTE),
+    ),
+    "H100-SXM": (
+        Interconnect("NVLink 4", "nvlink", 450 * GB, _NVLINK_LATENCY, 8,
+                     _H100_PAGE + ": 'NVIDIA NVLink: 900GB/s' (SXM, both directions)", _LATENCY_NOTE),
+        Interconnect("PCIe Gen5 x16", "pcie", 64 * GB, _PCIE_LATENCY, 8,
+                     _H100_PAGE + ": 'PCIe Gen5: 128GB/s' (both directions)", _LATENCY_NOTE),
+        Interconnect("InfiniBand NDR", "network", 50 * GB, _NETWORK_LATENCY, 1 << 16, _DGX_H100, _LATENCY_NOTE),
+    ),
+    "H200-SXM": (
+        Interconnect("NVLink 4", "nvlink", 450 * GB, _NVLINK_LATENCY, 8,
+                     _H200_PAGE + ": 'NVIDIA NVLink: 900GB/s' (SXM, both directions)", _LATENCY_NOTE),
+        Interconnect("PCIe Gen5 x16", "pcie", 64 * GB, _PCIE_LATENCY, 8,
+                     _H200_PAGE + ": 'PCIe Gen5: 128GB/s' (both directions)", _LATENCY_NOTE),
+        Interconnect("InfiniBand NDR", "network", 50 * GB, _NETWORK_LATENCY, 1 << 16, _DGX_H100, _LATENCY_NOTE),
+    ),
+}  # fmt: skip
+INTERCONNECTS["A100-80GB"] = INTERCONNECTS["A100-40GB"]  # the same SXM4 board and DGX A100 network
+INTERCONNECT_KINDS = ("nvlink", "pcie", "network")
+
+
+def interconnect(device: str | HardwareSpec, kind: str | None = None, gpus: int = 2) -> Interconnect:
+    """The link ``gpus`` GPUs of this kind talk over.
+
+    ``kind`` None picks the fastest link whose domain holds ``gpus`` GPUs (NVLink inside a server of
+    8 SXM GPUs, the network beyond); "nvlink", "pcie" or "network" asks for one (a PCIe-only server,
+    or pipeline stages placed on different servers).
+    """
+    name = device.name if isinstance(device, HardwareSpec) else gpu(device).name
+    links = INTERCONNECTS.get(name)
+    if not links:
+        raise ValueError(f"no interconnect is catalogued for {name}; known: {', '.join(INTERCONNECTS)}")
+    if kind is not None:
+        if kind not in INTERCONNECT_KINDS:
+            raise ValueError(f"interconnect kind must be one of {', '.join(INTERCONNECT_KINDS)}, got {kind!r}")
+        chosen = [link for link in links if link.kind == kind]
+        if not chosen:
+            raise ValueError(f"{name} has no {kind} link; it has {', '.join(link.name for link in links)}")
+        return chosen[0]
+    fitting = [link for link in links if link.domain >= gpus]
+    if not fitting:
+        raise ValueError(f"no link of {name} joins {gpus} GPUs")
+    return max(fitting, key=lambda link: link.bandwidth)

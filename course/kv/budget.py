@@ -445,7 +445,7 @@ def budget(
     _positive_int("max_model_len", max_model_len)
     cpu = spec.platform == "cpu"
     if block_size is None:
-        block_size = vllm.CPU_BLOCK_SIZE if cpu else vllm.BLOCK_SIZE
+        block_size = vllm.mla_block_size(spec) if g.is_mla else vllm.CPU_BLOCK_SIZE if cpu else vllm.BLOCK_SIZE
     _positive_int("block_size", block_size, "a positive integer (vLLM allows 1, 8, 16, 32, 64, 128)")
     if async_scheduling is None:
         async_scheduling = not cpu and vllm.ASYNC_SCHEDULING
@@ -514,11 +514,6 @@ def budget(
         notes.append("MLA: every GPU keeps the whole latent cache (it has no heads to split)")
     if kv.scale_bytes or kv.scale_block or kv.bits < 16:
         notes.append(f"{kv.name}: {kv.note}; support and accuracy: confirm on your server and model")
-    if g.is_mla and not cpu and block_size == vllm.BLOCK_SIZE:
-        notes.append(
-            "MLA: vLLM's MLA attention backends take their own block size on GPUs (FlashMLA 64, CUTLASS MLA 128; "
-            "the attention backend's get_supported_kernel_block_sizes): pass --block-size to match your log"
-        )
     return KVBudget(
         model=g.name,
         gpu=spec.name,

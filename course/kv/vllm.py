@@ -203,6 +203,23 @@ def free_memory_error(total: float, free: float, utilization: float, device: str
     )
 
 
+def mla_block_size(device: HardwareSpec) -> int:
+    """The KV block size vLLM gives a (dense) MLA model on ``device`` when no ``--block-size`` is given.
+
+    ``CudaPlatform`` ranks the MLA backends by compute capability (``vllm/platforms/cuda.py``,
+    ``_get_backend_priorities``) and the block size becomes the first usable backend's preferred one
+    (``vllm/platforms/interface.py``, ``update_block_size_for_backend``; ``AttentionBackend.
+    get_preferred_block_size``: the default 16 when the backend takes it, else its smallest size):
+    Hopper (9.x) runs FLASH_ATTN_MLA, multiples of 16, so 16; Blackwell (10.x) runs FLASHINFER_MLA, which
+    takes 32 or 64, so 32; other GPUs run TRITON_MLA, multiples of 16. The CPU build keeps 128. Sparse MLA
+    (DeepSeek-V3.2's) and an explicit ``--attention-backend`` choose differently.
+    """
+    if device.platform == "cpu":
+        return CPU_BLOCK_SIZE
+    major = device.compute_capability[0] if device.compute_capability else None
+    return 32 if major == 10 else BLOCK_SIZE
+
+
 def served_dtype(config_dtype: str | None, device: HardwareSpec, dtype: str = "auto") -> str:
     """The dtype vLLM serves a checkpoint in (``vllm/config/model.py``, ``_resolve_auto_dtype``).
 

@@ -8,6 +8,7 @@ supported dtypes), so GPU facts are checked on a CPU machine.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace as NS
 
@@ -392,3 +393,53 @@ def test_state_and_window_kinds_are_covered():
         }
         kinds |= {"mla"} if g.is_mla else set()
     assert {FULL, SLIDING, CHUNKED, STATE, "mla"} <= kinds
+
+
+def _source_function(path: str, name: str, cls: str | None = None, namespace: dict | None = None):
+    """A function (or a class's method, decorators dropped) compiled from the installed vLLM's own source.
+
+    For code whose module does not import without CUDA (``vllm/platforms/cuda.py``, the FlashAttention
+    and FlashInfer MLA backends), so that the test still runs vLLM's code, not a copy of it.
+    """
+    import ast
+    import textwrap
+    from pathlib import Path
+
+    import vllm
+
+    source = (Path(vllm.__file__).parent.parent / path).read_text()
+    body = ast.parse(source).body
+    if cls is not None:
+        body = next(node for node in body if isinstance(node, ast.ClassDef) and node.name == cls).body
+    node = next(node for node in body if isinstance(node, ast.FunctionDef) and node.name == name)
+    text = textwrap.dedent(ast.get_source_segment(source, node))
+    scope = dict(namespace or {})
+    exec(compile("from __future__ import annotations\n" + text, path, "exec"), scope)  # noqa: S102
+    return scope[name]
+
+
+@pytest.mark.parametrize("major", [8, 9, 10])
+def test_mla_block_size_is_the_first_usable_mla_backends(major):
+    """``--block-size`` unset: the first MLA backend in CudaPlatform's priority list that runs on the card
+    picks the block size (``update_block_size_for_backend``, ``get_preferred_block_size``)."""
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backend import AttentionBackend, MultipleOf
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    names = {"AttentionBackendEnum": AttentionBackendEnum, "DeviceCapability": DeviceCapability,
+             "MultipleOf": MultipleOf}  # fmt: skip
+    priorities = _source_function("vllm/platforms/cuda.py", "_get_backend_priorities", namespace=names)
+    capability = DeviceCapability(major, 0)
+    for backend in priorities(True, capability):
+        module, cls = backend.value.rsplit(".", 1)
+        path = module.replace(".", "/") + ".py"
+        runs_on = _source_function(path, "supports_compute_capability", cls, names)
+        if runs_on(None, capability):
+            sizes = _source_function(path, "get_supported_kernel_block_sizes", cls, names)()
+            break
+    # AttentionBackend.get_preferred_block_size, with this backend's sizes
+    stand_in = type("Backend", (AttentionBackend,), {"get_supported_kernel_block_sizes": staticmethod(lambda: sizes)})
+    expected = stand_in.get_preferred_block_size(facts.BLOCK_SIZE)
+    card = dataclasses.replace(hardware.gpu("H100-SXM"), compute_capability=(major, 0))
+    assert facts.mla_block_size(card) == expected, f"{backend.name} on compute capability {major}.0"
+    assert kv.budget("DeepSeek-V2-Lite", card, max_model_len=4096).block_size == expected

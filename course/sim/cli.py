@@ -6,10 +6,14 @@ Examples::
         --gpu H100-SXM --model llama-3-8b --num-blocks 20000 --slo-ttft-ms 500 --slo-tpot-ms 50
     course simulate --trace run.json --cost linear --linear 0.004,2e-5,3e-4,1e-7 --json
     course simulate --config experiment.toml --scheduler static
+    course simulate --model Llama-3.1-70B --gpu H100-SXM --tp 4 --max-model-len 8192 --replicas 4 \\
+        --router least-outstanding --rate 20
 
 A config file (TOML or JSON) holds the same settings as the flags, with underscores: scheduler
 settings at the top level (``scheduler``, ``max_num_seqs``, ``num_blocks``, ...) and the tables
-``[workload]``, ``[cost]`` and ``[slo]``; flags given on the command line win over the file.
+``[workload]``, ``[cost]`` (with ``tp``, ``pp``, ``interconnect``), ``[slo]`` and ``[fleet]`` (``replicas``,
+``router``); flags given on the command line win over the file. A model that does not fit on ``--tp``
+GPUs is refused with the smallest tensor-parallel size that fits (:mod:`course.sim.parallel`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from course import geometry, hardware, workload
 from course.kv import vllm
 from course.kv.catalogue import catalogue, get_model
+from course.sim import parallel
 from course.sim.config import SCHEDULERS, SimConfig, kv_blocks, read_config_file
 
 MODELS = tuple(catalogue())  # the one model catalogue (course/data/kv_models.json), as course kv reads it
@@ -29,8 +34,10 @@ DEFAULTS = {
                  "output_tokens": "uniform:100:300", "seed": 0, "trace": None, "system_prompt_tokens": 0,
                  "front_tokens": 0, "max_tokens": None},
     "cost": {"kind": "roofline", "gpu": "H100-SXM", "model": "llama-3-8b", "num_params": None,
-             "flops_efficiency": None, "bandwidth_efficiency": None, "step_overhead_ms": 0.0, "linear": None},
+             "flops_efficiency": None, "bandwidth_efficiency": None, "step_overhead_ms": 0.0, "linear": None,
+             "tp": 1, "pp": 1, "interconnect": None},
     "slo": {"ttft_ms": None, "tpot_ms": None},
+    "fleet": {"replicas": 1, "router": "round-robin"},
 }  # fmt: skip
 SCHEDULER_FLAGS = (
     "scheduler",
@@ -138,6 +145,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--bandwidth-efficiency", type=float, help="share of peak bandwidth reached (default 0.77)")
     c.add_argument("--step-overhead-ms", type=float, help="fixed ms per step added to the roofline")
     c.add_argument("--linear", help="linear model A,B,C,D in seconds: A + B*prefill + C*decode + D*KV tokens read")
+    c.add_argument("--tp", type=int, help="tensor-parallel GPUs per replica (vLLM's --tensor-parallel-size; default 1)")
+    c.add_argument(
+        "--pp", type=int, help="pipeline-parallel stages per replica (vLLM's --pipeline-parallel-size; default 1)"
+    )
+    c.add_argument(
+        "--interconnect",
+        choices=("nvlink", "pcie", "network"),
+        help="link the TP group all-reduces over (default: the fastest that joins --tp GPUs of the --gpu)",
+    )
+    f = parser.add_argument_group("replicas behind a router")
+    f.add_argument("--replicas", type=int, help="data-parallel replicas, each --tp x --pp GPUs (default 1)")
+    f.add_argument(
+        "--router",
+        choices=("round-robin", "least-outstanding", "prefix-aware"),
+        help="how requests are spread over the replicas (default round-robin)",
+    )
     o = parser.add_argument_group("SLOs and output")
     o.add_argument("--slo-ttft-ms", dest="ttft_ms", type=float, help="TTFT SLO for goodput (ms)")
     o.add_argument("--slo-tpot-ms", dest="tpot_ms", type=float, help="TPOT SLO for goodput (ms)")
@@ -169,7 +192,7 @@ def settings_from(args: argparse.Namespace) -> dict:
     settings["scheduler"] = {}
     if args.config:
         data = read_config_file(args.config)
-        for section in ("workload", "cost", "slo"):
+        for section in ("workload", "cost", "slo", "fleet"):
             given = data.pop(section, {})
             unknown = set(given) - set(DEFAULTS[section])
             if unknown:
@@ -180,7 +203,7 @@ def settings_from(args: argparse.Namespace) -> dict:
                 settings["scheduler"][key] = data.pop(key)
         settings["scheduler"].update(data)
     flags = vars(args)
-    for section in ("workload", "cost", "slo"):
+    for section in ("workload", "cost", "slo", "fleet"):
         for key in DEFAULTS[section]:
             if flags.get(key) is not None:
                 settings[section][key] = flags[key]
@@ -238,17 +261,34 @@ def build(settings: dict):
         cost = RooflineCost(
             model, hardware.gpu(c["gpu"]), step_overhead=(c["step_overhead_ms"] or 0.0) / 1e3, **efficiency
         )
+        if c["tp"] * c["pp"] > 1:
+            cost = parallel.parallel_cost(
+                model,
+                c["gpu"],
+                c["tp"],
+                c["pp"],
+                interconnect=c["interconnect"],
+                step_overhead=(c["step_overhead_ms"] or 0.0) / 1e3,
+                **efficiency,
+            )
+    if c["kind"] == "linear" and c["tp"] * c["pp"] > 1:
+        raise ValueError(
+            "--tp/--pp with --cost linear: a linear cost is fitted on one deployment and already holds its "
+            "parallelism; fit it on the TP/PP server, or use --cost roofline"
+        )
 
     scheduler = dict(settings["scheduler"])
     kv_gib = scheduler.pop("kv_gib", None)
     gpu = hardware.gpu(c["gpu"])
     if kv_gib is not None:
         model = model or _model(c["model"], c["num_params"])
-        scheduler["num_blocks"] = kv_blocks(kv_gib * 2**30, model, scheduler.get("block_size", 16))
+        # --kv-gib is per GPU: what one GPU of the heaviest stage caches per token
+        per_gpu = parallel.shard_geometry(parallel.heaviest_stage(model, c["pp"]), c["tp"])
+        scheduler["num_blocks"] = kv_blocks(kv_gib * 2**30, per_gpu, scheduler.get("block_size", 16))
     elif "num_blocks" not in scheduler:
         model = model or _model(c["model"], c["num_params"])
-        scheduler["num_blocks"] = _budget_blocks(model, gpu, scheduler)
-    config = SimConfig.vllm_defaults(gpu, **scheduler)
+        scheduler["num_blocks"] = _budget_blocks(model, gpu, scheduler, c["tp"], c["pp"])
+    config = parallel.pipeline_config(SimConfig.vllm_defaults(gpu, **scheduler), c["pp"])
     slo = settings["slo"]
     slos = {
         "ttft_slo": slo["ttft_ms"] / 1e3 if slo["ttft_ms"] else None,
@@ -272,21 +312,23 @@ def _model(name: str, num_params: float | None) -> geometry.ModelGeometry:
     return model
 
 
-def _budget_blocks(model: geometry.ModelGeometry, gpu: hardware.HardwareSpec, scheduler: dict) -> int:
-    """vLLM's block count for ``model`` on ``gpu`` at today's default utilization, with the reference
-    log's activation peak and non-torch memory (:data:`course.kv.vllm.REFERENCE_LOG`)."""
-    from course.kv import budget
-
-    b = budget(
-        model,
-        gpu,
-        max_model_len=scheduler.get("max_model_len") or model.max_position_embeddings or 8192,
-        block_size=scheduler.get("block_size", vllm.BLOCK_SIZE),
-        activation_bytes=vllm.REFERENCE_LOG.activation_bytes,
-        non_torch_bytes=vllm.REFERENCE_LOG.non_torch_bytes,
-    )
-    if b.num_blocks < 1:
-        raise ValueError(f"{model.name} leaves no KV memory on a {gpu.name}; give --num-blocks or --kv-gib")
+def _budget_blocks(
+    model: geometry.ModelGeometry, gpu: hardware.HardwareSpec, scheduler: dict, tp: int = 1, pp: int = 1
+) -> int:
+    """vLLM's block count per GPU for ``model`` on ``tp x pp`` of ``gpu`` at today's default utilization,
+    with the reference log's activation peak and non-torch memory (:data:`course.kv.vllm.REFERENCE_LOG`).
+    A model vLLM would not start (one ``max_model_len`` request does not fit) is refused with the
+    smallest tensor-parallel size that fits."""
+    budget_args = {
+        "max_model_len": scheduler.get("max_model_len") or model.max_position_embeddings or 8192,
+        "block_size": scheduler.get("block_size", vllm.BLOCK_SIZE),
+        "activation_bytes": vllm.REFERENCE_LOG.activation_bytes,
+        "non_torch_bytes": vllm.REFERENCE_LOG.non_torch_bytes,
+    }
+    b = parallel.parallel_budget(model, gpu, tp, pp, **budget_args)
+    if not b.fits_one_request:
+        message = parallel.does_not_fit_message(model, gpu, tp, pp, **budget_args)
+        raise ValueError(f"{message} (or give --num-blocks / --kv-gib per GPU)")
     return b.num_blocks
 
 
@@ -294,9 +336,13 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``course simulate``."""
     from course.sim.engine import simulate
 
-    requests, config, cost, slos = build(settings_from(args))
+    settings = settings_from(args)
+    requests, config, cost, slos = build(settings)
     if not len(requests):
         raise ValueError("the workload has no requests")
+    fleet = settings["fleet"]
+    if fleet["replicas"] != 1 or fleet["router"] != "round-robin":
+        return _run_fleet(args, requests, config, cost, slos, fleet["replicas"], fleet["router"])
     result = simulate(requests, config, cost, name=f"{config.scheduler}: {requests.name}")
     if args.save_traces:
         from course.trace import save_traces
@@ -312,4 +358,24 @@ def run(args: argparse.Namespace) -> int:
             reason = next(r.error for r in result.requests if r.error)
             print(f"{result.failed} requests could not run, e.g. {reason}")
         print(f"simulated {result.busy_seconds:.2f} s of engine time in {result.wall_seconds:.2f} s")
+    return 0
+
+
+def _run_fleet(
+    args: argparse.Namespace, requests, config: SimConfig, cost, slos: dict, replicas: int, router: str
+) -> int:
+    """``course simulate --replicas N [--router ...]``: the replicas behind the router (course.sim.fleet)."""
+    from course.sim.fleet import simulate_fleet
+
+    result = simulate_fleet(requests, replicas, config, cost, router)
+    if args.save_traces:
+        from course.trace import save_traces
+
+        save_traces(args.save_traces, result.traces, simulator=config.to_dict(), workload=requests.name)
+    if args.json:
+        print(json.dumps(result.to_dict(**slos), indent=1))
+    else:
+        print(f"{requests.name}: {len(requests)} requests")
+        print(f"each replica: {config.describe()}; {cost.describe() if hasattr(cost, 'describe') else cost}")
+        print(result.table(**slos))
     return 0

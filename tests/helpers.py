@@ -98,6 +98,7 @@ def reference(
         max_model_len=config.max_model_len,
         watermark_blocks=config.watermark_blocks if config.scheduler == "prefill-first" else 0,
         max_num_queued_reqs=config.max_num_queued_reqs,
+        async_scheduling=config.async_scheduling and config.scheduler == "continuous",
     )
     return run.traces, run
 

@@ -527,3 +527,24 @@ def test_load_shedding_refuses_arrivals_beyond_max_num_queued_reqs():
     shed = [t.request_id for t in result.traces if t.error]
     assert shed == ["D", "E"] and all(t.error == rules.QUEUE_FULL for t in result.traces if t.error)
     assert len(got["A"]) == 2 and "HTTP 503" in rules.QUEUE_FULL
+
+
+def test_async_scheduling_holds_a_finished_requests_slot_for_one_more_step(capsys):
+    # max_num_seqs 2: A finishes in step 2; C takes its slot in step 3, or, with async scheduling (vLLM
+    # 0.32's GPU default), in step 4, because A is still running when step 3 is scheduled.
+    work = specs((0.0, 4, 2), (0.0, 4, 5), (0.0, 4, 1))
+    sync = simulate(work, SimConfig(max_num_seqs=2), ONE_SECOND_PER_STEP)
+    overlapped = simulate(work, SimConfig(max_num_seqs=2, async_scheduling=True), ONE_SECOND_PER_STEP)
+    assert times(sync, "C") == [3.0] and times(overlapped, "C") == [4.0]
+    assert times(sync, "B") == times(overlapped, "B") == [1.0, 2.0, 3.0, 4.0, 5.0]  # decodes are not delayed
+    assert overlapped.steps.num_seqs.tolist() == [2, 2, 1, 2, 1]
+    expected, _ = reference(work, SimConfig(max_num_seqs=2, async_scheduling=True), ONE_SECOND_PER_STEP)
+    assert [t.chunk_times for t in expected] == [t.chunk_times for t in overlapped.traces]
+    # vllm serve's settings turn it on; course simulate --no-async-scheduling turns it off
+    assert SimConfig.vllm_defaults("H100-SXM").async_scheduling
+    assert "async scheduling" in SimConfig.vllm_defaults("H100-SXM").describe()
+    args = ["simulate", "--requests", "20", "--rate", "20", "--num-blocks", "2000", "--json"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["async_scheduling"] is True
+    assert main([*args, "--no-async-scheduling"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["async_scheduling"] is False

@@ -54,6 +54,7 @@ SCHEDULER_FLAGS = (
     "watermark",
     "max_model_len",
     "decode_after_prefill",
+    "async_scheduling",
 )
 
 
@@ -125,6 +126,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--watermark",
         type=float,
         help="fraction of blocks kept free when admitting while others run (V1: 0, off; V0's prefill-first: 0.01)",
+    )
+    s.add_argument(
+        "--no-async-scheduling",
+        dest="async_scheduling",
+        action="store_const",
+        const=False,
+        default=None,
+        help="schedule each step after the last one's output is processed (vLLM's GPU default is async: "
+        "a finished request holds its blocks and slot one step longer)",
     )
     s.add_argument("--max-model-len", type=int, help="reject requests whose prompt + output exceed this")
     s.add_argument(

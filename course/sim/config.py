@@ -56,6 +56,11 @@ class SimConfig:
         decode_after_prefill: prefill-first only: after a prefill step, always run one decode step
             before admitting again (the loop of module 2's reference server: each iteration prefills
             what it admitted, then decodes everyone); V0 keeps prefilling while prompts can start.
+        async_scheduling: continuous only: vLLM's async scheduling (on by default on GPUs in 0.32,
+            ``vllm/config/vllm.py``; :meth:`vllm_defaults` turns it on): step k+1 is scheduled before
+            step k's output is processed, so a request that finished in step k holds its KV blocks and
+            its ``max_num_seqs`` slot while step k+1 is scheduled (:mod:`course.sim.rules`). Off here,
+            so a bare config matches module 3's synchronous harness; V0 and static batching ignore it.
     """
 
     scheduler: str = "continuous"
@@ -72,6 +77,7 @@ class SimConfig:
     max_model_len: int | None = None
     decode_after_prefill: bool = False
     max_num_queued_reqs: int | None = None
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -125,6 +131,8 @@ class SimConfig:
                 parts.append("a decode step after every prefill step")
             if self.enable_prefix_caching:
                 parts.append("prefix caching")
+            if self.scheduler == "continuous" and self.async_scheduling:
+                parts.append("async scheduling")
         parts.append(f"{self.num_blocks} KV blocks of {self.block_size}")
         return ", ".join(parts)
 
@@ -144,6 +152,7 @@ class SimConfig:
             "max_num_batched_tokens": defaults.max_num_batched_tokens,
             "max_num_seqs": defaults.max_num_seqs,
             "enable_prefix_caching": vllm.ENABLE_PREFIX_CACHING,
+            "async_scheduling": True,  # vLLM 0.32 on GPUs (vllm/config/vllm.py)
         }
         if settings.get("scheduler", "continuous") != "continuous" or settings.get("chunked_prefill") is False:
             del base["max_num_batched_tokens"]  # the scheduler's own rule (max_model_len) applies

@@ -54,6 +54,7 @@ class _Request:
         "hit_tokens",
         "queried_tokens",
         "error",
+        "order",
     )
 
     def __init__(self, spec: RequestSpec) -> None:
@@ -74,6 +75,7 @@ class _Request:
         self.hit_tokens = 0
         self.queried_tokens = 0
         self.error: str | None = None
+        self.order = 0  # when it (last) joined the batch: the running list's order, for preemption victims
 
     def start_run(self, step: int) -> None:
         """Begin a new run of consecutive token steps at ``step``, closing the current one (if any)."""
@@ -196,6 +198,10 @@ def _run_iterative(requests: list[_Request], config: SimConfig, cost) -> _Log:
     return _IterativeRun(requests, config, cost).run()
 
 
+def _admission_order(r: _Request) -> int:
+    return r.order
+
+
 def _sample(r: _Request, step: int) -> bool:
     """The step computed all of ``r``'s tokens, so it samples the next one; True when that was the last.
 
@@ -240,6 +246,12 @@ class _IterativeRun:
         self.max_seqs = config.max_num_seqs
         self.watermark = config.watermark_blocks
         self.decode_after_prefill = self.prefill_first and config.decode_after_prefill
+        # vLLM V1's async scheduling (rules module docstring): requests that finished in the last step
+        # keep their blocks and slots until this step is scheduled. They leave self.running at once
+        # (the hot loop never meets them); self.finishing holds them, in the order they finished.
+        self.async_scheduling = config.async_scheduling and config.scheduler == "continuous"
+        self.finishing: list[_Request] = []
+        self.admissions = 0
         self.step_seconds = cost.step_seconds
         self.log = _Log()
         self.waiting: deque[_Request] = deque()
@@ -255,11 +267,14 @@ class _IterativeRun:
             while next_arrival < total and requests[next_arrival].spec.arrival_time <= now:
                 r = requests[next_arrival]
                 next_arrival += 1
-                if r.error is None and rules.queue_full(len(self.running) + len(waiting), self.max_queued):
+                unfinished = len(self.running) + len(self.finishing) + len(waiting)
+                if r.error is None and rules.queue_full(unfinished, self.max_queued):
                     r.error = rules.QUEUE_FULL
                 if r.error is None:
                     waiting.append(r)
             if not self.running and not waiting:
+                if self.finishing:  # an empty scheduling pass frees them; no step runs
+                    self._free_finishing()
                 if next_arrival == total:
                     return self.log
                 now = max(now, requests[next_arrival].spec.arrival_time)
@@ -279,7 +294,7 @@ class _IterativeRun:
         load = (0, 0, 0, 0, 0)  # prefill tokens, decode tokens, KV tokens read, attention pairs, requests
         if self.threshold:
             self.cap = rules.long_prefill_threshold(
-                self.threshold, self.token_budget, len(self.running) + queued, self.adaptive
+                self.threshold, self.token_budget, len(self.running) + len(self.finishing) + queued, self.adaptive
             )
         if self.prefill_first and not decode_only:
             budget = self._admit_whole_prompts(admitted, budget)
@@ -290,6 +305,10 @@ class _IterativeRun:
         if admitted:
             load = self._compute_admitted(admitted, load, finished)
         prefill, decode, kv_read, pairs, seqs = load
+        if self.finishing:  # async: the previous step's output is processed once this one is scheduled
+            self._free_finishing()
+            if not seqs:  # an empty pass: no step runs, no time passes
+                return now, False
         if not seqs:
             raise RuntimeError(
                 f"the scheduler found nothing to run at t={now:.6g} s ({len(self.running)} running, "
@@ -302,6 +321,12 @@ class _IterativeRun:
         if finished:
             self._retire(finished)
         return end, bool(admitted)
+
+    def _free_finishing(self) -> None:
+        """Async scheduling: free the blocks of the requests that finished in the last step."""
+        for r in self.finishing:  # those preempted meanwhile left the list (_preempt_for)
+            self.blocks.free(r.rid)
+        self.finishing = []
 
     # --- admission -------------------------------------------------------------------------------
 
@@ -341,8 +366,8 @@ class _IterativeRun:
         (head-of-line blocking).
         """
         waiting, running, blocks, threshold = self.waiting, self.running, self.blocks, self.cap
-        full, watermark = self.reserve_full_isl, self.watermark
-        while waiting and budget > 0 and len(running) < self.max_seqs:
+        full, watermark, finishing = self.reserve_full_isl, self.watermark, self.finishing
+        while waiting and budget > 0 and len(running) + len(finishing) < self.max_seqs:
             r = waiting[0]
             hits, computed = self._cached_prefix(r)
             n = r.num_tokens - computed
@@ -354,7 +379,7 @@ class _IterativeRun:
                 n = budget
             if not rules.can_admit(
                 blocks, r.num_tokens, computed + n, hits, reserve_full_isl=full, watermark_blocks=watermark,
-                others_running=bool(running),
+                others_running=bool(running) or bool(finishing),
             ):  # fmt: skip
                 break
             if not blocks.allocate(r.rid, computed + n, hits):
@@ -374,6 +399,8 @@ class _IterativeRun:
         r.hit_tokens += computed
         r.queried_tokens += r.num_tokens
         r.scheduled_steps.append(self.step)
+        self.admissions += 1
+        r.order = self.admissions
         self._register(r, computed + n)  # later admissions in this step can hit these blocks
 
     def _register(self, r: _Request, after: int) -> None:
@@ -449,8 +476,19 @@ class _IterativeRun:
         and goes to the front of the queue. Returns whether ``r`` got its blocks; it does not when
         it was itself the last one left to preempt.
         """
-        running, blocks, waiting = self.running, self.blocks, self.waiting
+        running, blocks, waiting, finishing = self.running, self.blocks, self.waiting, self.finishing
         while True:
+            # vLLM's victim is the last of its running list, where finishing requests (async) keep their place
+            last = max(finishing, key=_admission_order) if finishing else None
+            if last is not None and last.order > running[-1].order:
+                # finishing: vLLM preempts it, then finishes it from the waiting queue when its last token
+                # arrives (rules module docstring); the step admits nobody, so it never joins the queue here
+                finishing.remove(last)
+                blocks.free(last.rid)
+                last.preempted_steps.append(self.step)
+                if blocks.reserve(r.rid, after):
+                    return True
+                continue
             victim = running.pop()
             blocks.free(victim.rid)
             victim.computed = victim.capacity = victim.registered = 0
@@ -485,9 +523,15 @@ class _IterativeRun:
         )
 
     def _retire(self, finished: list[_Request]) -> None:
-        """Free the finished requests' blocks (in the order they finished) and drop them from the batch."""
-        for r in finished:
-            self.blocks.free(r.rid)
+        """Free the finished requests' blocks (in the order they finished) and drop them from the batch.
+
+        Under async scheduling their blocks and slots are held until the next step is scheduled.
+        """
+        if self.async_scheduling:
+            self.finishing = finished
+        else:
+            for r in finished:
+                self.blocks.free(r.rid)
         # A request has finished when it generated all its tokens; none of the others has.
         self.running = [r for r in self.running if r.generated < r.output]
 

@@ -159,6 +159,21 @@ def step_load(scheduled: Iterable[tuple[SimRequest, int]], *, joined: bool = Fal
     return prefill, decode, kv_read, pairs
 
 
+def retire(finished: list[SimRequest], running: list[SimRequest], waiting: deque, blocks) -> None:
+    """Free finished requests' blocks, in the order they finished, and drop them from the batch.
+
+    Under async scheduling a finished request may have been preempted meanwhile (its blocks are
+    already free and it sits in ``waiting``): vLLM then finishes it from the waiting queue
+    (``update_from_output``, ``stopped_preempted_reqs``).
+    """
+    for request in finished:
+        if any(other is request for other in running):
+            blocks.free(request.request_id)
+            running.remove(request)
+        else:
+            waiting.remove(request)
+
+
 def run(
     workload: Workload | Iterable[RequestSpec],
     step: StepFunction,
@@ -169,6 +184,7 @@ def run(
     max_model_len: int | None = None,
     watermark_blocks: int = 0,
     max_num_queued_reqs: int | None = None,
+    async_scheduling: bool = False,
     max_steps: int = 1_000_000,
 ) -> HarnessRun:
     """Simulate ``workload`` with a step function, a block manager and a cost model.
@@ -188,6 +204,13 @@ def run(
             request it could never admit is rejected instead of waiting forever.
         max_num_queued_reqs: shed a request that arrives while this many are unfinished (HTTP 503 in
             vLLM, :func:`course.sim.rules.queue_full`); None: no limit.
+        async_scheduling: vLLM's async scheduling (``AsyncScheduler``, the engine core's batch queue of 2):
+            step k+1 is scheduled before step k's output is processed, so a request that produced its
+            last token in step k stays in ``running``, holding its blocks and its ``max_num_seqs`` slot,
+            while step k+1 is scheduled, and is freed right after (:mod:`course.sim.rules`). The step
+            function must skip such requests (``request.finished``) as :func:`course.sim.steps.
+            continuous_step` does. A scheduling pass that gives nobody tokens while such requests wait
+            to be freed takes no time and logs no step. False (default): freed at the end of the step.
         max_steps: stop with an error after this many steps (a step function that never finishes).
 
     Requests that could never run (prompt + output tokens need more blocks than the whole KV cache
@@ -203,6 +226,7 @@ def run(
     waiting: deque[SimRequest] = deque()
     running: list[SimRequest] = []
     now, next_arrival = 0.0, 0
+    finishing: list[SimRequest] = []  # async scheduling: finished in the last step, not yet freed
     for _ in range(max_steps):
         while next_arrival < len(requests) and requests[next_arrival].arrival_time <= now:
             request = requests[next_arrival]
@@ -235,6 +259,11 @@ def run(
         for request, _ in scheduled:
             if id(request) not in in_batch:
                 request.scheduled_times.append(now)
+        if async_scheduling and finishing:  # the previous step's output is processed after this schedule
+            retire(finishing, running, waiting, blocks)
+            finishing = []
+            if not scheduled:  # an empty pass: no step runs, no time passes
+                continue
         if not scheduled:
             raise RuntimeError(
                 f"the step scheduled nothing at t={now:.6g} s with {len(running)} running and {len(waiting)} "
@@ -261,7 +290,8 @@ def run(
                 request.token_times.append(now)
                 if request.finished:
                     finished.append(request)
-        for request in finished:
-            blocks.free(request.request_id)
-            running.remove(request)
+        if async_scheduling:
+            finishing = finished
+        else:
+            retire(finished, running, waiting, blocks)
     raise RuntimeError(f"the simulation did not finish within {max_steps} steps")

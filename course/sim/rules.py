@@ -11,6 +11,23 @@ fast engine (:mod:`course.sim.engine`) both call these.
   computes per step, except when it is the only request (nobody to starve); the adaptive variant
   never cuts below a fair share of the budget, ``max_num_batched_tokens // requests``
   (``Scheduler.schedule``, ``long_prefill_token_threshold_adaptive``).
+* async scheduling (``SimConfig.async_scheduling``; on by default on GPUs, ``vllm/config/vllm.py``):
+  the engine core keeps a batch queue of 2 (``EngineCore.step_with_batch_queue``,
+  ``vllm/v1/engine/core.py``) and schedules step k+1 *before* it processes step k's output
+  (``Scheduler.update_from_output``, which frees a finished request's blocks in ``_free_request``).
+  A request that produced its last token in step k is therefore still in ``running`` when step
+  k+1 is scheduled: ``AsyncScheduler`` (``vllm/v1/core/sched/async_scheduler.py``) counts the
+  in-flight token in ``num_output_placeholders``, and ``Scheduler.schedule`` skips a request whose
+  placeholders already reach ``max_tokens``, but it still counts toward ``max_num_seqs`` and the
+  request counts of the long-prefill cap, makes the watermark apply (``bool(self.running)``), and
+  holds its KV blocks until step k+1 is scheduled: a waiting request that needs its slot or blocks
+  is admitted one step later than under synchronous scheduling. It can also be the preemption
+  victim (the last of ``running``): its blocks are freed then, the step admits nobody (a step that
+  preempts never does), and its last token still finishes it from the waiting queue. Other
+  requests are scheduled as without it: a decode asks for ``num_tokens_with_spec +
+  num_output_placeholders - num_computed_tokens`` = 1 token, the same blocks as synchronous.
+  :func:`course.sim.harness.run` (``async_scheduling=True``) and :func:`course.sim.simulate`
+  implement it; ``tests/oracle/test_scheduler.py`` drives ``AsyncScheduler`` step by step against them.
 * :func:`queue_full`: load shedding in the API server: with ``max_num_queued_reqs`` a request that
   arrives while that many are unfinished is refused with HTTP 503 and counted in
   ``vllm:admission_rejections_total`` (``AsyncLLM``, ``QueueOverflowError``).

@@ -14,7 +14,10 @@
   larger than the remaining budget is cut to fit; without it, admission stops at a prompt that does
   not fit whole (with chunked prefill off vLLM sets the budget to ``max_model_len``, so only an
   oversized resumed request can meet this). ``long_prefill_token_threshold`` caps one request's
-  tokens per step unless it is the only request.
+  tokens per step unless it is the only request. With async scheduling (vLLM's default on GPUs) a
+  request that produced its last token in the previous step is still in ``running`` when this
+  step is scheduled: it gets no tokens, but it holds its blocks and its slot and can be the
+  preemption victim (:mod:`course.sim.rules`; :func:`course.sim.harness.run` frees it after the step).
 * :func:`prefill_first_step`: vLLM V0's default scheduler (``vllm/core/scheduler.py`` in 0.6.x,
   chunked prefill off): "it batches as many prefill requests as possible. And it schedules
   decodes." A step is all prefill or all decode, never mixed, so every new prompt stalls every
@@ -95,6 +98,9 @@ def schedule_running(
     index = 0
     while index < len(running) and budget > 0:
         request = running[index]
+        if request.finished:  # async scheduling: its last token is still in flight; it holds its slot
+            index += 1
+            continue
         n = request.remaining
         if 0 < long_prefill_token_threshold < n:
             n = long_prefill_token_threshold

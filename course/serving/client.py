@@ -1,12 +1,12 @@
 """A load client for any OpenAI-compatible server: timestamps every streamed chunk into traces.
 
 It works against the course's server, vLLM, SGLang or ``transformers serve``: it speaks plain
-HTTP + SSE (httpx), sends streaming ``/v1/completions`` (or chat) requests, and records for each
-request a :class:`~course.trace.RequestTrace`: the send time, the arrival time and token count
-of every chunk, the prompt and output token counts the server reports, the finish reason, and
-the error if it failed. :func:`course.metrics.summarize` turns the traces into TTFT / ITL / TPOT
-/ E2E percentiles; :func:`course.trace.save_traces` writes them for module 3's simulator
-(:func:`course.workload.from_traces` replays them).
+HTTP + SSE (aiohttp, as vLLM's benchmark client does), sends streaming ``/v1/completions`` (or
+chat) requests, and records for each request a :class:`~course.trace.RequestTrace`: the send
+time, the arrival time and token count of every chunk, the prompt and output token counts the
+server reports, the finish reason, and the error if it failed. :func:`course.metrics.summarize`
+turns the traces into TTFT / ITL / TPOT / E2E percentiles; :func:`course.trace.save_traces`
+writes them for module 3's simulator (:func:`course.workload.from_traces` replays them).
 
 Conventions (as vLLM's ``vllm bench serve``, see ``course.metrics``):
 
@@ -132,79 +132,118 @@ def _error_message(status: int, body: bytes) -> str:
     return f"HTTP {status}: {message}"
 
 
+class _StreamParser:
+    """Turns a stream's SSE ``data:`` lines into a trace's chunk times and token counts."""
+
+    def __init__(self, chat: bool, expected_prompt_tokens: int) -> None:
+        self.chat = chat
+        self.times: list[float] = []
+        self.tokens: list[int] = []
+        self.prompt_tokens, self.output_tokens, self.counted = expected_prompt_tokens, None, 0
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+
+    def line(self, line: str, now: float) -> bool:
+        """Take one line read at ``now`` (perf_counter s); False once the stream is over."""
+        if not line.startswith("data:"):
+            return True
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return False
+        chunk = json.loads(data)
+        if "error" in chunk:
+            err = chunk["error"]
+            self.error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
+            return False
+        usage = chunk.get("usage")
+        if usage:
+            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
+            self.output_tokens = usage.get("completion_tokens", self.output_tokens)
+        choices = chunk.get("choices") or []
+        if not choices:
+            return True  # the usage-only chunk is not a chunk
+        choice = choices[0]
+        if self.chat:
+            delta = choice.get("delta") or {}
+            text = delta.get("content") or ""
+            if "role" in delta and not text and choice.get("finish_reason") is None:
+                return True  # the role announcement carries no token
+        else:
+            text = choice.get("text") or ""
+        if usage and usage.get("completion_tokens") is not None:
+            # tokens since the last chunk (a server may report usage on the last chunk only)
+            count = usage["completion_tokens"] - self.counted
+        else:
+            count = 1 if text else 0
+        self.times.append(now)
+        self.tokens.append(max(count, 0))
+        self.counted += self.tokens[-1]
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        return True
+
+    def trace(self, request_id: str, send_time: float) -> RequestTrace:
+        return RequestTrace(
+            request_id=request_id,
+            send_time=send_time,
+            chunk_times=self.times,
+            chunk_tokens=self.tokens,
+            prompt_tokens=int(self.prompt_tokens or 0),
+            output_tokens=int(sum(self.tokens) if self.output_tokens is None else self.output_tokens),
+            finish_reason=self.finish_reason,
+            error=self.error,
+        )
+
+
 async def stream_request(client, url: str, payload: dict, request_id: str = "0", expected_prompt_tokens: int = 0):
     """Send one streaming request and record its trace (never raises for server or network errors).
 
     Args:
-        client: an ``httpx.AsyncClient``.
+        client: an ``aiohttp.ClientSession`` (what :func:`run_load` uses: it reads a busy stream with far
+            less delay per chunk, ``benchmarks/client_timing.py``) or an ``httpx.AsyncClient``.
         url: the endpoint, e.g. ``http://127.0.0.1:8000/v1/completions``.
         payload: the JSON body (``stream: true``).
         request_id: the trace's id.
         expected_prompt_tokens: used as the prompt length when the server reports no usage.
     """
+    import aiohttp
     import httpx
 
-    chat = "messages" in payload
-    times: list[float] = []
-    tokens: list[int] = []
-    prompt_tokens, output_tokens, counted = expected_prompt_tokens, None, 0
-    finish_reason = error = None
+    parser = _StreamParser("messages" in payload, expected_prompt_tokens)
     send_time = time.perf_counter()
     try:
-        async with client.stream("POST", url, json=payload) as response:
-            if response.status_code != 200:
-                error = _error_message(response.status_code, await response.aread())
-            else:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    now = time.perf_counter()
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        err = chunk["error"]
-                        error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
-                        break
-                    usage = chunk.get("usage")
-                    if usage:
-                        prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
-                        output_tokens = usage.get("completion_tokens", output_tokens)
-                    choices = chunk.get("choices") or []
-                    if not choices:
-                        continue  # the usage-only chunk is not a chunk
-                    choice = choices[0]
-                    if chat:
-                        delta = choice.get("delta") or {}
-                        text = delta.get("content") or ""
-                        if "role" in delta and not text and choice.get("finish_reason") is None:
-                            continue  # the role announcement carries no token
-                    else:
-                        text = choice.get("text") or ""
-                    if usage and usage.get("completion_tokens") is not None:
-                        # tokens since the last chunk (a server may report usage on the last chunk only)
-                        count = usage["completion_tokens"] - counted
-                    else:
-                        count = 1 if text else 0
-                    times.append(now)
-                    tokens.append(max(count, 0))
-                    counted += tokens[-1]
-                    finish_reason = choice.get("finish_reason") or finish_reason
-    except (httpx.HTTPError, OSError, json.JSONDecodeError, ValueError) as err:
-        error = f"{type(err).__name__}: {err}"
-    if output_tokens is None:
-        output_tokens = sum(tokens)
-    return RequestTrace(
-        request_id=request_id,
-        send_time=send_time,
-        chunk_times=times,
-        chunk_tokens=tokens,
-        prompt_tokens=int(prompt_tokens or 0),
-        output_tokens=int(output_tokens),
-        finish_reason=finish_reason,
-        error=error,
-    )
+        if isinstance(client, aiohttp.ClientSession):
+            await _read_aiohttp(client, url, payload, parser)
+        else:
+            await _read_httpx(client, url, payload, parser)
+    except (TimeoutError, aiohttp.ClientError, httpx.HTTPError, OSError, json.JSONDecodeError, ValueError) as err:
+        parser.error = f"{type(err).__name__}: {err}"
+    return parser.trace(request_id, send_time)
+
+
+async def _read_aiohttp(session, url: str, payload: dict, parser: _StreamParser) -> None:
+    async with session.post(url, json=payload) as response:
+        if response.status != 200:
+            parser.error = _error_message(response.status, await response.read())
+            return
+        pending = b""
+        # every read the socket has ready at once, split into lines here: the chunks of one read share
+        # its timestamp, as in vLLM's benchmark client (response.content.iter_any())
+        async for data in response.content.iter_any():
+            now = time.perf_counter()
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                if not parser.line(line.decode().rstrip("\r"), now):
+                    return
+
+
+async def _read_httpx(client, url: str, payload: dict, parser: _StreamParser) -> None:
+    async with client.stream("POST", url, json=payload) as response:
+        if response.status_code != 200:
+            parser.error = _error_message(response.status_code, await response.aread())
+            return
+        async for line in response.aiter_lines():
+            if not parser.line(line, time.perf_counter()):
+                return
 
 
 @dataclass
@@ -226,9 +265,12 @@ class LoadResult:
 
 async def fetch_model_id(client, base_url: str) -> str:
     """The first model the server lists at ``GET /v1/models``."""
-    response = await client.get(api_base(base_url) + "/models")
-    response.raise_for_status()
-    models = response.json().get("data") or []
+    url = api_base(base_url) + "/models"
+    async with client.get(url) as response:
+        if response.status != 200:
+            # an OSError, as a refused connection is: callers report both as "cannot reach the server"
+            raise ConnectionError(f"GET {url} answered HTTP {response.status}")
+        models = (await response.json()).get("data") or []
     if not models:
         raise ValueError(f"{base_url} lists no models; pass the model name explicitly")
     return models[0]["id"]
@@ -251,7 +293,7 @@ async def run_load_async(
     seed: int = 0,
 ) -> LoadResult:
     """Send a workload to a server and trace every request (see :func:`run_load`)."""
-    import httpx
+    import aiohttp
 
     if endpoint not in ("completions", "chat"):
         raise ValueError(f"endpoint must be 'completions' or 'chat', got {endpoint!r}")
@@ -260,14 +302,15 @@ async def run_load_async(
     specs = list(workload)
     prompts = prompts or default_prompt_builder()
     url = api_base(base_url) + ("/chat/completions" if endpoint == "chat" else "/completions")
-    limits = httpx.Limits(max_connections=max(concurrency or len(specs), 1) + 4, max_keepalive_connections=None)
     traces: list[RequestTrace | None] = [None] * len(specs)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(specs), desc=f"requests ({concurrency or 'open'} concurrent)", leave=False)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=max(concurrency or len(specs), 1) + 4)
+    timeouts = aiohttp.ClientTimeout(total=timeout, connect=10.0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeouts) as client:
         model = model or await fetch_model_id(client, base_url)
         bodies = [
             request_payload(

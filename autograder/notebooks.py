@@ -13,7 +13,7 @@ from pathlib import Path
 
 import nbformat
 
-MARKER = re.compile(r"^#\s*(EXERCISE|TEST):\s*([A-Za-z0-9_\-]+)\s*$")
+from course.grading import MARKER  # the marker comment of graded cells, defined once for both sides
 
 
 def read(path: str | Path) -> nbformat.NotebookNode:

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import ModuleType
 
 # The marker comment that starts every answer cell (`# EXERCISE: ex1_3`) and every test cell.
-_MARKER = re.compile(r"^#\s*(EXERCISE|TEST):\s*([A-Za-z0-9_\-]+)\s*$")
+MARKER = re.compile(r"^#\s*(EXERCISE|TEST):\s*([A-Za-z0-9_\-]+)\s*$")
 
 
 @contextmanager
@@ -222,7 +222,7 @@ def _exercise_of(function: object) -> str | None:
     if code is None:
         return None
     lines = linecache.getlines(code.co_filename)
-    match = _MARKER.match(lines[0].strip()) if lines else None
+    match = MARKER.match(lines[0].strip()) if lines else None
     if match is None or match.group(1) != "EXERCISE":
         return None
     number = re.fullmatch(r"ex(\d+)_(\d+)", match.group(2))
@@ -274,7 +274,7 @@ class _TestCellReporter:
 
     def pre_run_cell(self, info) -> None:
         first = (getattr(info, "raw_cell", "") or "").lstrip().split("\n", 1)[0]
-        match = _MARKER.match(first.strip())
+        match = MARKER.match(first.strip())
         self.current = match.group(2) if match and match.group(1) == "TEST" else None
 
     def post_run_cell(self, result) -> None:

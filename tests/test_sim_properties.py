@@ -3,10 +3,12 @@ agreeing exactly with the readable reference (harness + step functions)."""
 
 from __future__ import annotations
 
+import pytest
 from helpers import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from course import metrics
 from course.sim import BlockManager, LinearCost, SimConfig, prompt_block_hashes, rules, simulate
 from course.units import cdiv
 from course.workload import RequestSpec, Workload
@@ -212,3 +214,26 @@ def test_under_kv_pressure_preempted_requests_restart_and_still_finish(sizes, sc
     expected, run = reference_traces(work, config)
     assert [t.chunk_times for t in result.traces] == [t.chunk_times for t in expected]
     assert result.preemptions == run.preemptions
+
+
+@SETTINGS
+@given(workloads(), configs(), st.sampled_from([0.05, 0.2, 1.0]), st.sampled_from([0.005, 0.02, 0.1]))
+def test_metrics_from_the_columns_equal_the_metrics_of_the_traces(work, config, ttft_slo, tpot_slo):
+    """The engine keeps no time per token: its summary and goodput come from runs of steps and must
+    equal course.metrics over the traces (the ITL mean may differ in the last bits: a weighted sum)."""
+    result = simulate(work, config, COST)
+    percentiles = (0, 25, 50, 90, 95, 99, 99.9, 100)
+    got, want = result.summary(percentiles), metrics.summarize(result.traces, percentiles)
+    assert (got.completed, got.failed, got.output_tokens, got.duration) == (
+        want.completed, want.failed, want.output_tokens, want.duration
+    )  # fmt: skip
+    for name in ("ttft", "itl", "tpot", "e2e"):
+        mine, theirs = getattr(got, name), getattr(want, name)
+        assert mine.n == theirs.n and mine.percentiles == theirs.percentiles, name
+        assert mine.mean == (pytest.approx(theirs.mean, rel=1e-12, abs=1e-15) if name == "itl" else theirs.mean)
+    g = result.goodput(ttft_slo=ttft_slo, tpot_slo=tpot_slo)
+    expected = metrics.goodput(result.traces, ttft_slo=ttft_slo, tpot_slo=tpot_slo)
+    assert (g.good, g.total, g.duration, g.slos) == (expected.good, expected.total, expected.duration, expected.slos)
+    assert result.preemptions == sum(len(r.preempted) for r in result.requests)
+    assert result.preempted_requests == sum(1 for r in result.requests if r.preempted)
+    assert result.failed == sum(1 for r in result.requests if r.error)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from array import array
 from collections import deque
 
 import numpy as np
@@ -28,7 +29,7 @@ from course.sim import rules
 from course.sim.blocks import BlockManager, prompt_block_hashes
 from course.sim.config import SimConfig
 from course.sim.harness import step_load
-from course.sim.results import RequestRecord, SimResult, StepLog
+from course.sim.results import RequestTable, SimResult, StepLog
 from course.units import cdiv
 from course.workload import RequestSpec, Workload
 
@@ -84,26 +85,15 @@ class _Request:
             self.runs.append(self.last_step)
         self.run_start = step
 
-    def token_steps(self) -> np.ndarray:
-        bounds = self.runs + ([self.run_start, self.last_step] if self.run_start >= 0 else [])
-        if not bounds:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate([np.arange(a, b + 1) for a, b in zip(bounds[::2], bounds[1::2])])
-
 
 class _Log:
     """Per-step columns, appended to as plain lists and turned into a StepLog at the end."""
 
     def __init__(self) -> None:
-        self.start: list[float] = []
-        self.end: list[float] = []
-        self.prefill: list[int] = []
-        self.decode: list[int] = []
-        self.kv: list[int] = []
-        self.pairs: list[int] = []
-        self.seqs: list[int] = []
-        self.used: list[int] = []
-        self.waiting: list[int] = []
+        # 8 bytes a value (a list would hold a Python object per value: 4x the memory at a million steps)
+        self.start, self.end, self.pairs = array("d"), array("d"), array("d")
+        self.prefill, self.decode, self.kv = array("q"), array("q"), array("q")
+        self.seqs, self.used, self.waiting = array("q"), array("q"), array("q")
 
     def add(self, start, end, prefill, decode, kv, pairs, seqs, used, waiting) -> None:
         self.start.append(start)
@@ -117,8 +107,22 @@ class _Log:
         self.waiting.append(waiting)
 
     def freeze(self) -> StepLog:
+        """The log as numpy arrays (copied out of the array buffers: StepLog's dtypes)."""
         return StepLog.from_columns(
-            self.start, self.end, self.prefill, self.decode, self.kv, self.pairs, self.seqs, self.used, self.waiting
+            *(
+                np.frombuffer(column, dtype=column.typecode) if len(column) else []
+                for column in (
+                    self.start,
+                    self.end,
+                    self.prefill,
+                    self.decode,
+                    self.kv,
+                    self.pairs,
+                    self.seqs,
+                    self.used,
+                    self.waiting,
+                )
+            )
         )
 
 
@@ -147,12 +151,12 @@ def simulate(workload: Workload, config: SimConfig | None = None, cost=None, nam
     else:
         log = _run_iterative(requests, config, cost)
     steps = log.freeze()
+    table = _table(requests)
     wall = time.perf_counter() - started
-    records = [_record(r, steps) for r in requests]
     label = name or f"{config.scheduler}, {getattr(workload, 'name', 'workload')}"
     settings = config.to_dict()
     settings["cost"] = cost.describe() if hasattr(cost, "describe") else repr(cost)
-    return SimResult(label, records, steps, config.num_blocks, config.block_size, settings, wall)
+    return SimResult(label, None, steps, config.num_blocks, config.block_size, settings, wall, columns=table)
 
 
 def _reject_impossible(requests: list[_Request], config: SimConfig) -> None:
@@ -178,18 +182,53 @@ def _reject_impossible(requests: list[_Request], config: SimConfig) -> None:
             )
 
 
-def _record(r: _Request, steps: StepLog) -> RequestRecord:
-    return RequestRecord(
-        request_id=r.rid,
-        arrival_time=r.spec.arrival_time,
-        prompt_tokens=r.spec.prompt_tokens,
-        output_tokens=r.spec.output_tokens,
-        token_times=steps.end[r.token_steps()],
-        scheduled=steps.start[r.scheduled_steps].tolist(),
-        preempted=steps.start[r.preempted_steps].tolist(),
-        prefix_hit_tokens=r.hit_tokens,
-        queried_tokens=r.queried_tokens,
-        error=r.error,
+def _table(requests: list[_Request]) -> RequestTable:
+    """The requests' results as columns (see :class:`course.sim.results.RequestTable`)."""
+    n = len(requests)
+    firsts, lasts, scheduled, preempted = array("q"), array("q"), array("q"), array("q")
+    runs, admissions, preemptions = array("q", bytes(8 * n)), array("q", bytes(8 * n)), array("q", bytes(8 * n))
+    errors = {}
+    for i, r in enumerate(requests):
+        count = len(r.runs) // 2
+        if count:
+            firsts.extend(r.runs[0::2])
+            lasts.extend(r.runs[1::2])
+        if r.run_start >= 0:
+            firsts.append(r.run_start)
+            lasts.append(r.last_step)
+            count += 1
+        runs[i] = count
+        admissions[i] = len(r.scheduled_steps)
+        scheduled.extend(r.scheduled_steps)
+        if r.preempted_steps:
+            preemptions[i] = len(r.preempted_steps)
+            preempted.extend(r.preempted_steps)
+        if r.error is not None:
+            errors[i] = r.error
+
+    def offsets(counts: array) -> np.ndarray:
+        out = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.frombuffer(counts, dtype=np.int64), out=out[1:])
+        return out
+
+    def column(values: array) -> np.ndarray:
+        return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
+
+    return RequestTable(
+        request_ids=[r.rid for r in requests],
+        arrival=np.fromiter((r.spec.arrival_time for r in requests), dtype=float, count=n),
+        prompt_tokens=np.fromiter((r.spec.prompt_tokens for r in requests), dtype=np.int64, count=n),
+        output_tokens=np.fromiter((r.output for r in requests), dtype=np.int64, count=n),
+        run_offsets=offsets(runs),
+        run_first=column(firsts),
+        run_last=column(lasts),
+        scheduled_offsets=offsets(admissions),
+        scheduled_steps=column(scheduled),
+        preempted_offsets=offsets(preemptions),
+        preempted_steps=column(preempted),
+        prefix_hit_tokens=np.fromiter((r.hit_tokens for r in requests), dtype=np.int64, count=n),
+        queried_tokens=np.fromiter((r.queried_tokens for r in requests), dtype=np.int64, count=n),
+        errors=errors,
     )
 
 

@@ -5,11 +5,21 @@ client writes for a real server, so :func:`course.metrics.summarize` computes TT
 E2E for simulated and measured runs with the same code. A simulated request "is sent" when it
 arrives and "receives" each output token at the end of the engine step that produced it: there is
 no network, tokenizer or detokenizer in the simulation.
+
+The fast engine does not keep a time per token: a request's tokens are runs of consecutive steps, and
+:class:`RequestTable` holds every request's runs, admissions and preemptions as flat numpy arrays
+(compressed rows, as in a sparse matrix). :meth:`SimResult.summary` and :meth:`SimResult.goodput`
+compute vLLM's metrics from those arrays and the step log, with the same numbers as
+:func:`course.metrics.summarize` over the traces (the tests compare them), without making a Python
+float per token: the pooled ITLs inside a run are step-to-step gaps, so each step's gap is counted
+once with the number of requests that emitted tokens in it and the step before. ``requests`` and
+``traces`` are built from the arrays the first time they are asked for.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -114,26 +124,195 @@ class RequestRecord:
         )
 
 
+@dataclass(frozen=True)
+class Latencies:
+    """The succeeded requests of a :class:`RequestTable` (shape ``(m,)`` arrays, seconds).
+
+    Attributes:
+        ok: their indices in the table.
+        ttft, e2e: first and last token time minus arrival.
+        tpot: ``(e2e - ttft) / (output - 1)``; NaN for one output token (no TPOT).
+        output: output tokens.
+        duration: first arrival to last token among them (:func:`course.metrics.run_duration`).
+    """
+
+    ok: np.ndarray
+    ttft: np.ndarray
+    e2e: np.ndarray
+    tpot: np.ndarray
+    output: np.ndarray
+    duration: float
+
+
+def _csr(offsets: np.ndarray, values: np.ndarray, i: int) -> np.ndarray:
+    return values[offsets[i] : offsets[i + 1]]
+
+
+@dataclass
+class RequestTable:
+    """Every request of a run as columns, in arrival order (``n`` requests; steps index the StepLog).
+
+    Attributes:
+        request_ids: the ids (a sequence of ``n`` strings).
+        arrival, prompt_tokens, output_tokens, prefix_hit_tokens, queried_tokens: shape ``(n,)``
+            (seconds, token counts), as in :class:`RequestRecord`.
+        run_offsets: shape ``(n + 1,)``: request ``i``'s token runs are entries
+            ``run_offsets[i]:run_offsets[i + 1]`` of ``run_first`` and ``run_last``, the first and last
+            step of each run of consecutive steps that emitted one of its tokens.
+        scheduled_offsets, scheduled_steps, preempted_offsets, preempted_steps: the same layout for
+            the steps at which it joined the batch and was preempted.
+        errors: request index -> why it failed (rejected on arrival, shed).
+    """
+
+    request_ids: Sequence[str]
+    arrival: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    run_offsets: np.ndarray
+    run_first: np.ndarray
+    run_last: np.ndarray
+    scheduled_offsets: np.ndarray
+    scheduled_steps: np.ndarray
+    preempted_offsets: np.ndarray
+    preempted_steps: np.ndarray
+    prefix_hit_tokens: np.ndarray
+    queried_tokens: np.ndarray
+    errors: dict[int, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+    def token_steps(self, i: int) -> np.ndarray:
+        """The steps at which request ``i`` emitted its tokens, in order."""
+        first, last = _csr(self.run_offsets, self.run_first, i), _csr(self.run_offsets, self.run_last, i)
+        if len(first) == 1:
+            return np.arange(first[0], last[0] + 1)
+        if not len(first):
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)])
+
+    def record(self, i: int, steps: StepLog) -> RequestRecord:
+        """Request ``i`` as a :class:`RequestRecord` (its token times from the step log)."""
+        return RequestRecord(
+            request_id=self.request_ids[i],
+            arrival_time=float(self.arrival[i]),
+            prompt_tokens=int(self.prompt_tokens[i]),
+            output_tokens=int(self.output_tokens[i]),
+            token_times=steps.end[self.token_steps(i)],
+            scheduled=steps.start[_csr(self.scheduled_offsets, self.scheduled_steps, i)].tolist(),
+            preempted=steps.start[_csr(self.preempted_offsets, self.preempted_steps, i)].tolist(),
+            prefix_hit_tokens=int(self.prefix_hit_tokens[i]),
+            queried_tokens=int(self.queried_tokens[i]),
+            error=self.errors.get(i),
+        )
+
+    def latencies(self, steps: StepLog) -> Latencies:
+        """The succeeded requests' latencies as :mod:`course.metrics` computes them from traces (the same
+        float operations, elementwise)."""
+        ok = np.flatnonzero(np.diff(self.run_offsets) > 0)  # a request succeeded when it has tokens and no error
+        if self.errors:
+            ok = ok[~np.isin(ok, np.fromiter(self.errors, dtype=np.int64, count=len(self.errors)))]
+        send = self.arrival[ok]
+        first = steps.end[self.run_first[self.run_offsets[ok]]]
+        last = steps.end[self.run_last[self.run_offsets[ok + 1] - 1]]
+        ttft, e2e = first - send, last - send
+        owner = np.repeat(np.arange(len(self)), np.diff(self.run_offsets))
+        tokens = np.bincount(owner, weights=self.run_last - self.run_first + 1, minlength=len(self))
+        output = tokens[ok].astype(np.int64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
+        duration = float(last.max() - send.min()) if len(ok) else 0.0  # metrics.run_duration
+        return Latencies(ok, ttft, e2e, tpot, output, duration)
+
+    def itl_gaps(self, steps: StepLog, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The pooled inter-token gaps of the succeeded requests ``ok`` as (values, counts), shape ``(m,)``.
+
+        Inside a run the gap before step ``t``'s token is ``end[t] - end[t - 1]``, the same for every
+        request in that run; gaps across a preemption are listed one by one.
+        """
+        mask = np.zeros(len(self), dtype=bool)
+        mask[ok] = True
+        owner = np.repeat(np.arange(len(self)), np.diff(self.run_offsets))
+        keep = mask[owner]
+        first, last = self.run_first[keep], self.run_last[keep]
+        inside = last > first
+        counts = np.zeros(len(steps) + 1, dtype=np.int64)
+        np.add.at(counts, first[inside] + 1, 1)
+        np.add.at(counts, last[inside] + 1, -1)
+        counts = np.cumsum(counts[:-1])
+        gaps = np.empty(len(steps))
+        gaps[1:] = steps.end[1:] - steps.end[:-1]
+        used = np.flatnonzero(counts > 0)
+        # a request with several runs (preempted and resumed): the gap from one run's last token to the next's first
+        same = owner[keep][1:] == owner[keep][:-1]
+        across = steps.end[first[1:][same]] - steps.end[last[:-1][same]]
+        values = np.concatenate([gaps[used], across])
+        weights = np.concatenate([counts[used], np.ones(len(across), dtype=np.int64)])
+        return values, weights
+
+
+def weighted_describe(
+    values: np.ndarray, counts: np.ndarray, percentiles: Sequence[float] = metrics.DEFAULT_PERCENTILES
+) -> metrics.Stats:
+    """:func:`course.metrics.describe` of the pool that holds ``counts[k]`` copies of ``values[k]``.
+
+    Percentiles are numpy's linear interpolation between the two order statistics around
+    ``(n - 1) * q / 100``, computed as ``numpy.percentile`` does; the mean is the weighted sum over
+    ``n`` (it may differ from a sum over the pooled list in the last bits).
+    """
+    n = int(counts.sum())
+    if n == 0:
+        return metrics.describe([], percentiles)
+    order = np.argsort(values, kind="stable")
+    ranked, cumulative = values[order], np.cumsum(counts[order])
+    mean = float(np.dot(values, counts.astype(float)) / n)
+    out = {}
+    for q in percentiles:
+        if not 0 <= q <= 100:
+            raise ValueError(f"percentile q must be within 0..100, got {q}")
+        virtual = (n - 1) * np.true_divide(q, 100)
+        below = np.floor(virtual)
+        gamma = virtual - below
+        a, b = ranked[np.searchsorted(cumulative, [below + 1, min(below + 2, n)])]
+        diff = b - a
+        out[float(q)] = float(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)
+    return metrics.Stats(n=n, mean=mean, percentiles=out)
+
+
 @dataclass
 class SimResult:
     """A finished simulation.
 
     Attributes:
         name: a label for plots and tables (scheduler and workload).
-        requests: one record per request, in arrival order.
+        requests: one record per request, in arrival order (built from ``columns`` when first asked for).
         steps: the step log.
         num_blocks, block_size: the KV cache that was simulated.
         config: the settings (a dict, for reports and JSON).
         wall_seconds: how long the simulation itself took on this machine.
+        columns: the requests as a table of columns (the fast engine's results); the metrics use it.
+
+    Give it the records (the readable harness) or the columns (:func:`course.sim.simulate`).
     """
 
     name: str
-    requests: list[RequestRecord]
+    _records: list[RequestRecord] | None
     steps: StepLog
     num_blocks: int
     block_size: int
     config: dict = field(default_factory=dict)
     wall_seconds: float = 0.0
+    columns: RequestTable | None = None
+
+    def __post_init__(self) -> None:
+        if self._records is None and self.columns is None:
+            raise ValueError("a SimResult needs its request records or a RequestTable")
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        if self._records is None:
+            self._records = [self.columns.record(i, self.steps) for i in range(len(self.columns))]
+        return self._records
 
     @cached_property
     def traces(self) -> list[RequestTrace]:
@@ -141,29 +320,62 @@ class SimResult:
         return [record.trace() for record in self.requests]
 
     def summary(self, percentiles=metrics.DEFAULT_PERCENTILES) -> metrics.BenchmarkSummary:
-        """TTFT / ITL / TPOT / E2E statistics and throughput, by course.metrics (vLLM's definitions)."""
-        return metrics.summarize(self.traces, percentiles=percentiles)
+        """TTFT / ITL / TPOT / E2E statistics and throughput, by course.metrics (vLLM's definitions).
+
+        From the columns when there are (no trace is built), else from the traces.
+        """
+        if self.columns is None:
+            return metrics.summarize(self.traces, percentiles=percentiles)
+        table, steps = self.columns, self.steps
+        got = table.latencies(steps)
+        return metrics.BenchmarkSummary(
+            completed=len(got.ok),
+            failed=len(table) - len(got.ok),
+            duration=got.duration,
+            output_tokens=int(got.output.sum()),
+            ttft=metrics.describe(got.ttft, percentiles),
+            itl=weighted_describe(*table.itl_gaps(steps, got.ok), percentiles),
+            tpot=metrics.describe(got.tpot[~np.isnan(got.tpot)], percentiles),
+            e2e=metrics.describe(got.e2e, percentiles),
+        )
 
     def goodput(
         self, ttft_slo: float | None = None, tpot_slo: float | None = None, e2e_slo: float | None = None
     ) -> metrics.Goodput:
         """Requests per second that met every given SLO (seconds); see :func:`course.metrics.goodput`."""
-        return metrics.goodput(self.traces, ttft_slo=ttft_slo, tpot_slo=tpot_slo, e2e_slo=e2e_slo)
+        if self.columns is None:
+            return metrics.goodput(self.traces, ttft_slo=ttft_slo, tpot_slo=tpot_slo, e2e_slo=e2e_slo)
+        metrics.goodput([], ttft_slo=ttft_slo, tpot_slo=tpot_slo, e2e_slo=e2e_slo)  # the same checks of the SLOs
+        got = self.columns.latencies(self.steps)
+        good = np.ones(len(got.ok), dtype=bool)
+        tpot = np.nan_to_num(got.tpot, nan=0.0)  # vLLM counts TPOT as 0 for one output token
+        given = (("ttft", ttft_slo, got.ttft), ("tpot", tpot_slo, tpot), ("e2e", e2e_slo, got.e2e))
+        for _, limit, values in given:
+            if limit is not None:
+                good &= values <= limit
+        slos = {name: limit for name, limit, _ in given if limit is not None}
+        return metrics.Goodput(good=int(good.sum()), total=len(self.columns), duration=got.duration, slos=slos)
 
     # --- scheduler-side numbers -----------------------------------------------------------------
 
     @property
     def preemptions(self) -> int:
         """Preemptions in the whole run."""
+        if self.columns is not None:
+            return len(self.columns.preempted_steps)
         return sum(len(r.preempted) for r in self.requests)
 
     @property
     def preempted_requests(self) -> int:
         """Requests preempted at least once."""
+        if self.columns is not None:
+            return int(np.count_nonzero(np.diff(self.columns.preempted_offsets)))
         return sum(1 for r in self.requests if r.preempted)
 
     @property
     def failed(self) -> int:
+        if self.columns is not None:
+            return len(self.columns.errors)
         return sum(1 for r in self.requests if r.error)
 
     def kv_usage(self) -> tuple[np.ndarray, np.ndarray]:
@@ -187,8 +399,12 @@ class SimResult:
     @property
     def prefix_hit_rate(self) -> float:
         """Tokens served from the prefix cache over tokens looked up, at every admission (0..1)."""
-        queried = sum(r.queried_tokens for r in self.requests)
-        return sum(r.prefix_hit_tokens for r in self.requests) / queried if queried else 0.0
+        if self.columns is not None:
+            queried, hits = int(self.columns.queried_tokens.sum()), int(self.columns.prefix_hit_tokens.sum())
+        else:
+            queried = sum(r.queried_tokens for r in self.requests)
+            hits = sum(r.prefix_hit_tokens for r in self.requests)
+        return hits / queried if queried else 0.0
 
     @property
     def busy_seconds(self) -> float:

@@ -241,6 +241,54 @@ class CalibrationSample(StepSample):
     spread: Spread | None = None
 
 
+def prefill_sample(traces: Sequence[RequestTrace], prompt_tokens: int) -> CalibrationSample:
+    """The prefill step of a ``prompt_tokens``-token prompt, from requests sent one at a time.
+
+    ``seconds`` is the median TTFT (the request's way in, its prefill step and the first token's way
+    out); ``deviations`` are each TTFT minus their mean, for the cost's step-time spread.
+    """
+    ttfts = [metrics.ttft(t) for t in traces if t.succeeded]
+    if not ttfts:
+        raise ValueError(f"prefill calibration ({prompt_tokens} tokens): no request succeeded")
+    mean = statistics.fmean(ttfts)
+    return CalibrationSample(
+        prompt_tokens, 0, 0, statistics.median(ttfts), Spread.of(ttfts), deviations=tuple(v - mean for v in ttfts)
+    )
+
+
+def decode_sample(traces: Sequence[RequestTrace], batch: int, context: int, output: int) -> CalibrationSample:
+    """The decode step of ``batch`` requests, from a wave of ``context``-token prompts that start
+    together and generate ``output`` tokens each.
+
+    Only the second half of each request's chunks counts: in a closed-loop wave the next requests'
+    prompts are prefilled while the first ones already decode, so the early gaps hold prefill chunks.
+    ``seconds`` is the median over requests of the mean gap there (a request's TPOT over its second
+    half; unlike a single gap it does not shrink when a busy client reads chunks in bursts), at
+    ``context + 3/4 output`` cached tokens per request on average; ``deviations`` are those gaps
+    minus their mean (one per step), for the cost's step-time spread.
+    """
+    steady, gaps = [], []
+    for t in traces:
+        if not t.succeeded or len(t.chunk_times) < 3:
+            continue
+        half = len(t.chunk_times) // 2
+        tokens = sum(t.chunk_tokens[half + 1 :])
+        times = t.chunk_times[half:]
+        if tokens > 0 and len(times) > 1:
+            steady.append((times[-1] - times[0]) / tokens)
+            gaps += [later - earlier for earlier, later in zip(times, times[1:])]
+    if not steady:
+        raise ValueError(
+            f"decode calibration (batch {batch}, context {context}): no request streamed 3 chunks or more; "
+            f"ask for more output tokens than {output}"
+        )
+    mean = statistics.fmean(gaps)
+    return CalibrationSample(
+        0, batch, batch * (context + (3 * output) // 4), statistics.median(steady), Spread.of(steady),
+        deviations=tuple(g - mean for g in gaps),
+    )  # fmt: skip
+
+
 def calibration_samples(
     base_url: str,
     prefill_lengths: Sequence[int] = (16, 64, 256),
@@ -253,18 +301,24 @@ def calibration_samples(
     """Step-time samples measured against a running server, for :meth:`course.sim.LinearCost.fit`.
 
     Prefill: one request at a time for each prompt length, 2 output tokens; the median TTFT over
-    ``repeats`` requests is the prefill step. Decode: waves of ``batch`` requests that start together,
-    each with a ``context``-token prompt and ``decode_output`` tokens; the median TPOT is the decode
-    step at that batch, reading ``batch x (context + decode_output / 2)`` cached tokens on average.
-    (The method of ``benchmarks/sim_fidelity.py``.) Each sample carries the spread of the TTFTs or
-    TPOTs it is the median of: ``course.noise.check([s.spread for s in samples], claim)`` says whether
-    the runtime was quiet enough for them (it needs ``repeats >= 3`` to know a prefill's spread).
+    ``repeats`` requests is the prefill step (:func:`prefill_sample`). Decode: waves of ``batch``
+    requests that start together, each with a ``context``-token prompt and ``decode_output`` tokens;
+    the median TPOT over each request's second half is the decode step at that batch
+    (:func:`decode_sample`). (The method of ``benchmarks/sim_fidelity.py``.) Each sample carries the
+    spread of the TTFTs or TPOTs it is the median of: ``course.noise.check([s.spread for s in
+    samples], claim)`` says whether the runtime was quiet enough for them (it needs ``repeats >= 3``
+    to know a prefill's spread); and the deviations of its single steps, from which
+    :meth:`course.sim.LinearCost.fit` fits the step-time spread.
     """
     import httpx
 
     from course.serving.client import run_load
     from course.workload import all_at_once
 
+    if decode_output < 4:
+        raise ValueError(
+            f"decode_output must be >= 4 tokens (the second half of a request is timed), got {decode_output}"
+        )
     try:  # one request first: a server that is not there is an error to report plainly
         run_load(base_url, all_at_once(1, 4, 1), progress=False, seed=seed)
     except (httpx.HTTPError, OSError) as err:
@@ -275,16 +329,13 @@ def calibration_samples(
     for prompt in prefill_lengths:
         run = run_load(base_url, all_at_once(repeats, prompt, 2), concurrency=1, progress=False, seed=seed)
         _raise_failures(run.traces, f"prefill calibration ({prompt} tokens)")
-        ttfts = [metrics.ttft(t) for t in run.traces]
-        samples.append(CalibrationSample(prompt, 0, 0, statistics.median(ttfts), Spread.of(ttfts)))
+        samples.append(prefill_sample(run.traces, prompt))
     for context in decode_contexts:
         for batch in decode_batches:
             wave = all_at_once(batch * max(1, repeats // 2 + 1), context, decode_output)
             run = run_load(base_url, wave, concurrency=batch, progress=False, seed=seed + 1)
             _raise_failures(run.traces, f"decode calibration (batch {batch}, context {context})")
-            tpots = [value for t in run.traces if (value := metrics.tpot(t)) is not None]
-            kv_read = batch * (context + decode_output // 2)
-            samples.append(CalibrationSample(0, batch, kv_read, statistics.median(tpots), Spread.of(tpots)))
+            samples.append(decode_sample(run.traces, batch, context, decode_output))
     return samples
 
 

@@ -19,6 +19,13 @@ Two models turn them into seconds:
 * :class:`LinearCost`, ``a + b*prefill_tokens + c*decode_tokens + d*kv_tokens_read``, fitted by
   least squares to step times measured on a real runtime (:meth:`LinearCost.fit`). This is the
   latency model of simulators such as BLIS/inference-sim (``L = b0 + b1*X + b2*Y``) with a KV term.
+  What a server spends outside the forward pass is part of it too, fitted from the same
+  measurements: ``e`` seconds for every request whose prompt a step starts (parsing the HTTP
+  request, tokenizing, the hand-off to the engine and the first token's way out, where they share
+  the engine's CPU), or a ``latency`` that every request spends off the engine's steps (an API
+  server in another process: vLLM's front end); and the step-time spread, the measured steps'
+  relative deviations from their mean (decode steps and prefill steps apart), drawn per step from a
+  seeded hash so a simulation stays deterministic.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -126,82 +133,285 @@ class RooflineCost:
 
 @dataclass(frozen=True)
 class StepSample:
-    """One measured step: what it computed and how long it took (s)."""
+    """One measured step: what it computed and how long it took (s).
+
+    ``deviations`` (optional): the single measurements this sample summarizes, each minus their
+    mean (s), e.g. every chunk gap of a decode microbenchmark; :meth:`LinearCost.fit` turns them
+    into the step-time spread. A sample with ``prefill_tokens`` is one prompt's prefill (batch 1),
+    as every calibration in the course measures it.
+    """
 
     prefill_tokens: int
     decode_tokens: int
     kv_tokens_read: int
     seconds: float
+    deviations: tuple[float, ...] = field(default=(), kw_only=True)
 
 
-FEATURES = ("per step", "per prefill token", "per decode token", "per KV token read")
+FEATURES = ("per step", "per prefill token", "per decode token", "per KV token read", "per prompt started")
+FRONT_END = ("step", "latency", "none")
+# Probabilities at which a fitted spread keeps its quantiles (every 2.5 %: p95 and p97.5 are points).
+SPREAD_PROBABILITIES = tuple(np.linspace(0.0, 1.0, 41))
+# A step with a large negative draw still lasts this fraction of its expected time: measured gaps near 0
+# are chunks a client read in one burst, not steps that took no time.
+MIN_STEP_FRACTION = 0.05
+
+
+def prompts_started(
+    prefill_tokens: float, decode_tokens: float, kv_tokens_read: float, attention_pairs: float = 0.0
+) -> float:
+    """How many prompts a step prefills, from its load (0 for a step without prefill tokens).
+
+    The engine counts tokens, not requests, so the count is read off the attention pairs: a decode
+    step's request contributes ``context + 1`` pairs (``context`` of them KV reads), a fresh prompt of
+    ``n`` tokens ``n(n+1)/2``. Take the decodes out, and ``k`` prompts of ``n_i`` tokens leave
+    ``S = sum n_i(n_i+1)/2``; then ``(sum n_i)^2 / (2S - sum n_i) = (sum n_i)^2 / sum n_i^2``, exactly
+    ``k`` when the prompts are of one length and fewer when they differ (the effective count). A
+    chunk after cached tokens (chunked prefill, a prefix-cache hit) counts as one prompt, and without
+    ``attention_pairs`` every prefilling step counts as one.
+    """
+    if prefill_tokens <= 0:
+        return 0.0
+    own_pairs = attention_pairs - kv_tokens_read - decode_tokens
+    squares = 2.0 * own_pairs - prefill_tokens
+    if own_pairs <= 0 or squares <= 0:
+        return 1.0
+    return max(1.0, prefill_tokens * prefill_tokens / squares)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _unit(seed: int, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float) -> float:
+    """A uniform number in [0, 1) from the step's load and ``seed``: splitmix64's finalizer over each input.
+
+    A pure function of its inputs (no generator state), so a simulation with a spread gives the same
+    result every time it runs with the same seed, whatever ran before it.
+    """
+    h = seed & _MASK64
+    for value in (prefill_tokens, decode_tokens, kv_tokens_read, int(attention_pairs)):
+        h = ((h ^ (value & _MASK64)) + 0x9E3779B97F4A7C15) & _MASK64
+        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+    return h / 2.0**64
 
 
 @dataclass(frozen=True)
 class LinearCost:
-    """``a + b*prefill_tokens + c*decode_tokens + d*kv_tokens_read`` seconds per step.
+    """``a + b*prefill_tokens + c*decode_tokens + d*kv_tokens_read + e*prompts`` seconds per step, times
+    ``1 + r`` with ``r`` drawn from the step's spread when the cost has one.
 
     Attributes:
         a: fixed seconds per step (launches, Python, reading the weights when that does not grow).
         b: seconds per prefill token.
-        c: seconds per decode token.
+        c: seconds per decode token; on a server measured from outside it includes what the server
+            spends per streamed token outside the forward pass (sampling, detokenizing, writing the
+            chunk), since every decode token is streamed.
         d: seconds per cached KV token read by attention.
+        e: seconds per prompt the step starts (:func:`prompts_started`): the front end's work per
+            request where it shares the engine's CPU (parsing, tokenizing, the hand-off to the
+            engine, the first token's way out), so running requests wait for it too.
+        latency: seconds every request spends off the engine's steps (a front end in another
+            process: tokenizing, the hand-off to the engine core, the output path). It delays every
+            token of a request alike, so it moves TTFT and E2E, not the gaps; the simulator does not
+            see it: :meth:`delivered` adds it to simulated traces.
+        spread: quantiles of a decode step's relative deviation from its expected time (0.5 = 50 %
+            longer), at the evenly spaced probabilities 0, ..., 1 (:data:`SPREAD_PROBABILITIES` when
+            fitted); () = none. Relative, because a step shares its core with other work for its
+            whole length: on a busy machine a longer step is stretched by more.
+        prefill_spread: the same for steps that prefill (their scatter includes the front end's).
+        seed: picks the deviations: each step draws one from a hash of ``seed`` and its load.
     """
 
     a: float
     b: float
     c: float
     d: float
+    e: float = 0.0
+    latency: float = 0.0
+    spread: tuple[float, ...] = ()
+    prefill_spread: tuple[float, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("e", "latency"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"LinearCost.{name} must be >= 0 seconds, got {value!r}")
+        for name in ("spread", "prefill_spread"):
+            quantiles = tuple(float(v) for v in getattr(self, name))
+            if len(quantiles) == 1 or any(not np.isfinite(v) or v < -1 for v in quantiles):
+                raise ValueError(f"{name} needs at least 2 finite quantiles >= -1, got {getattr(self, name)!r}")
+            if any(later < earlier for earlier, later in zip(quantiles, quantiles[1:])):
+                raise ValueError(f"{name} must list quantiles in increasing order (probabilities 0 to 1)")
+            object.__setattr__(self, name, quantiles)
+
+    def expected_seconds(
+        self, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float = 0.0
+    ) -> float:
+        """The step's time without its drawn deviation (s)."""
+        seconds = self.a + self.b * prefill_tokens + self.c * decode_tokens + self.d * kv_tokens_read
+        if self.e and prefill_tokens > 0:
+            seconds += self.e * prompts_started(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)
+        return seconds
 
     def step_seconds(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float = 0.0
     ) -> float:
-        return self.a + self.b * prefill_tokens + self.c * decode_tokens + self.d * kv_tokens_read
+        """The step's time (s): :meth:`expected_seconds`, times ``1 + r`` with ``r`` drawn from its spread.
+
+        Only simulated steps draw: the simulator always passes ``attention_pairs`` (every step attends
+        to at least one pair), so a call with the token counts alone (a plan reading a lone request's
+        time off the line) gets the expected time, as it did before the cost had a spread.
+        """
+        seconds = self.expected_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)
+        if attention_pairs <= 0 or not (self.spread or self.prefill_spread):
+            return seconds
+        ratio = 1.0 + self.deviation(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)
+        return seconds * max(ratio, MIN_STEP_FRACTION)
+
+    def deviation(self, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float) -> float:
+        """The step's drawn relative deviation: its spread's quantile function at a hashed probability.
+
+        Steps with the same load and seed draw the same deviation (the draw has no state); steps that
+        differ in any count (a decode's KV read grows every step) draw independently.
+        """
+        quantiles = self.prefill_spread if prefill_tokens > 0 else self.spread
+        if not quantiles:
+            return 0.0
+        position = _unit(self.seed, prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs) * (
+            len(quantiles) - 1
+        )
+        index = int(position)
+        low = quantiles[index]
+        return low + (position - index) * (quantiles[min(index + 1, len(quantiles) - 1)] - low)
+
+    def delivered(self, traces: Sequence) -> list:
+        """Simulated :class:`course.trace.RequestTrace` records as a client would see them: every chunk
+        ``latency`` seconds later (the front end's time off the engine's steps). Returns new records."""
+        import dataclasses
+
+        if not self.latency:
+            return list(traces)
+        return [dataclasses.replace(t, chunk_times=[x + self.latency for x in t.chunk_times]) for t in traces]
 
     @property
     def coefficients(self) -> tuple[float, float, float, float]:
         return (self.a, self.b, self.c, self.d)
 
     def describe(self) -> str:
-        return (
+        text = (
             f"linear: {self.a * 1e3:.3g} ms + {self.b * 1e6:.3g} us/prefill token + "
             f"{self.c * 1e6:.3g} us/decode token + {self.d * 1e9:.3g} ns/KV token read"
         )
+        if self.e:
+            text += f" + {self.e * 1e3:.3g} ms/prompt started"
+        if self.latency:
+            text += f"; {self.latency * 1e3:.3g} ms front-end latency per request"
+        for name, quantiles in (("decode", self.spread), ("prefill", self.prefill_spread)):
+            if quantiles:
+                low, high = np.interp([0.05, 0.95], np.linspace(0, 1, len(quantiles)), quantiles)
+                text += f"; {name} steps' spread p5 {low:+.0%}, p95 {high:+.0%}"
+        if self.spread or self.prefill_spread:
+            text += f" (seed {self.seed})"
+        return text
 
     def predict(self, samples: Sequence[StepSample]) -> np.ndarray:
-        """Predicted seconds of each sample's step."""
-        return np.array([self.step_seconds(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read) for s in samples])
+        """What each sample's microbenchmark should measure (s): the expected step, plus ``latency``
+        for a prefill (a TTFT includes the front end's time)."""
+        return np.array(
+            [
+                self.expected_seconds(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read)
+                + (self.latency if s.prefill_tokens > 0 else 0.0)
+                for s in samples
+            ]
+        )
 
     @classmethod
-    def fit(cls, samples: Sequence[StepSample], relative: bool = True) -> LinearCost:
-        """Least-squares fit with every coefficient >= 0.
+    def fit(
+        cls,
+        samples: Sequence[StepSample],
+        relative: bool = True,
+        front_end: str = "step",
+        spread: bool = True,
+        seed: int = 0,
+    ) -> LinearCost:
+        """Least-squares fit with every coefficient >= 0, and the spread of the samples' deviations.
 
         ``relative=True`` minimises relative errors (each sample weighted by 1/seconds), so a
         2 ms decode step counts as much as a 200 ms prefill. The non-negative solution is exact:
-        with four coefficients, every subset of them is solved and the best feasible one kept.
-        Features that never vary in the samples get 0 (a constant column is the intercept's job).
+        every subset of the coefficients is solved and the best feasible one kept. Features that
+        never vary in the samples get 0 (a constant column is the intercept's job), and so does the
+        per-prompt term when the samples cannot tell it from the others (prefills only).
+
+        The per-prompt term is what a prefill measured from outside costs on top of a step that
+        the decodes' intercept predicts. ``front_end`` says where it goes: "step" (``e``: the
+        front end shares the engine's CPU, as in the course's server, where the event loop and the
+        engine thread share a core) or "latency" (``latency``: a front end in another process, as
+        vLLM's API server, that delays the request without stalling the steps) or "none" (the plain
+        four-term line, which spreads the front end's work over every step's intercept).
+
+        ``spread=True`` with samples that carry ``deviations``: :func:`fit_spread` over the decode
+        samples and over the prefill samples gives ``spread`` and ``prefill_spread``.
         """
+        if front_end not in FRONT_END:
+            raise ValueError(f"front_end must be one of {', '.join(FRONT_END)}; got {front_end!r}")
         if len(samples) < 2:
             raise ValueError(f"fitting a linear cost needs at least 2 measured steps, got {len(samples)}")
-        x = np.array([[1.0, s.prefill_tokens, s.decode_tokens, s.kv_tokens_read] for s in samples])
+        x = np.array(
+            [[1.0, s.prefill_tokens, s.decode_tokens, s.kv_tokens_read, float(s.prefill_tokens > 0)] for s in samples]
+        )
         y = np.array([s.seconds for s in samples], dtype=float)
         if np.any(y <= 0):
             raise ValueError("measured step times must be positive")
         weights = 1.0 / y if relative else np.ones_like(y)
         xw, yw = x * weights[:, None], y * weights
-        usable = [j for j in range(4) if j == 0 or np.ptp(x[:, j]) > 0]
-        best, best_error = np.zeros(4), np.inf
+        usable = [j for j in range(x.shape[1]) if j == 0 or np.ptp(x[:, j]) > 0]
+        if front_end == "none":
+            usable = [j for j in usable if j != 4]
+        best, best_error = np.zeros(x.shape[1]), np.inf
         for size in range(1, len(usable) + 1):
             for subset in itertools.combinations(usable, size):
-                coef, *_ = np.linalg.lstsq(xw[:, subset], yw, rcond=None)
+                columns = xw[:, subset]
+                if np.linalg.matrix_rank(columns) < size:  # the data cannot separate these terms
+                    continue
+                coef, *_ = np.linalg.lstsq(columns, yw, rcond=None)
                 if np.any(coef < 0):
                     continue
-                error = float(np.sum((xw[:, subset] @ coef - yw) ** 2))
-                if error < best_error:
+                error = float(np.sum((columns @ coef - yw) ** 2))
+                if error < best_error * (1 - 1e-12):  # a larger subset must do better, not tie
                     best_error = error
-                    best = np.zeros(4)
+                    best = np.zeros(x.shape[1])
                     best[list(subset)] = coef
-        return cls(*(float(v) for v in best))
+        a, b, c, d, per_prompt = (float(v) for v in best)
+        terms = {"latency": per_prompt} if front_end == "latency" else {"e": per_prompt}
+        if spread:
+            terms["spread"] = fit_spread([s for s in samples if s.prefill_tokens == 0])
+            terms["prefill_spread"] = fit_spread([s for s in samples if s.prefill_tokens > 0])
+        return cls(a, b, c, d, **terms, seed=seed)
+
+
+def fit_spread(samples: Sequence[StepSample], probabilities: Sequence[float] = SPREAD_PROBABILITIES) -> tuple:
+    """Quantiles of a step's relative deviation from its expected time, from the samples' ``deviations``.
+
+    Each sample with at least 2 deviations gives the quantiles of ``deviation / seconds`` at
+    ``probabilities``; their mean (quantile averaging keeps the shape of the distributions; every
+    sample counts alike, a prefill of 8 repeats as much as a decode wave of 500 gaps) is shifted to
+    mean 0, so the expected step stays the fitted line, and kept at -1 or above. () when no sample
+    carries deviations.
+    """
+    rows = [
+        np.quantile(np.asarray(s.deviations, dtype=float) / s.seconds, probabilities)
+        for s in samples
+        if len(s.deviations) > 1
+    ]
+    if not rows:
+        return ()
+    quantiles = np.mean(rows, axis=0)
+    steps = np.diff(np.asarray(probabilities, dtype=float))
+    quantiles -= float(np.sum(steps * (quantiles[1:] + quantiles[:-1]) / 2))  # the quantile function's mean
+    return tuple(float(v) for v in np.maximum(quantiles, -1.0))
 
 
 def samples_from_timings(

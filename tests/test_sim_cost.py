@@ -1,0 +1,223 @@
+"""course.sim.cost's serving terms (issues 28 and 29): the per-prompt front-end cost, the front-end
+latency off the steps, the seeded step-time spread, and the calibration samples they are fitted from."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from course.capacity import decode_sample, prefill_sample, server_sim_config
+from course.metrics import summarize
+from course.sim import LinearCost, SimConfig, StepSample, simulate
+from course.sim.cost import SPREAD_PROBABILITIES, fit_spread, prompts_started
+from course.trace import RequestTrace
+from course.workload import RequestSpec, Workload, fixed, poisson
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+import sim_fidelity  # noqa: E402  (benchmarks/ is not a package)
+
+# A server like module 2's on this CPU: 2 ms per step, 40 us per prompt token, 300 us per decode token,
+# and 6 ms of front-end work per request (parsing, tokenizing, the hand-off, the first chunk's way out).
+TRUTH = LinearCost(a=2e-3, b=4e-5, c=3e-4, d=2e-8, e=6e-3)
+PROMPTS = (16, 64, 128, 256, 512)
+WAVES = [(batch, context) for context in (32, 256) for batch in (1, 4, 16)]
+
+
+def calibration(truth: LinearCost, noise: float = 0.0, seed: int = 0) -> list[StepSample]:
+    """What the microbenchmarks would measure on a server whose steps cost ``truth``."""
+    rng = np.random.default_rng(seed)
+    samples = [StepSample(n, 0, 0, truth.expected_seconds(n, 0, 0) + truth.latency) for n in PROMPTS]
+    samples += [StepSample(0, b, b * (c + 48), truth.expected_seconds(0, b, b * (c + 48))) for b, c in WAVES]
+    return [
+        StepSample(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read, s.seconds * rng.normal(1, noise))
+        for s in samples
+    ]
+
+
+def test_prompts_started_reads_the_request_count_off_the_attention_pairs():
+    assert prompts_started(0, 8, 800, 808) == 0  # decodes only
+    assert prompts_started(128, 0, 0, 128 * 129 / 2) == pytest.approx(1)
+    assert prompts_started(3 * 100, 0, 0, 3 * 100 * 101 / 2) == pytest.approx(3)  # three prompts of one length
+    # two prompts beside 8 decodes of 100 cached tokens each: the decodes' pairs are taken out
+    assert prompts_started(2 * 64, 8, 800, 808 + 2 * 64 * 65 / 2) == pytest.approx(2)
+    uneven = prompts_started(10 + 100, 0, 0, 10 * 11 / 2 + 100 * 101 / 2)  # (sum n)^2 / sum n^2
+    assert uneven == pytest.approx(110**2 / (10**2 + 100**2))
+    assert prompts_started(64, 0, 0) == 1  # no pairs given: one prompt
+    assert prompts_started(64, 0, 512, 64 * 512 + 64 * 65 / 2) == 1  # a chunk after cached tokens
+
+
+def test_the_per_prompt_cost_lands_on_prefill_steps_only():
+    assert TRUTH.step_seconds(0, 4, 400, 404) == pytest.approx(2e-3 + 4 * 3e-4 + 400 * 2e-8)
+    assert TRUTH.step_seconds(128, 0, 0, 128 * 129 / 2) == pytest.approx(2e-3 + 128 * 4e-5 + 6e-3)
+    two = TRUTH.step_seconds(256, 0, 0, 2 * 128 * 129 / 2)
+    assert two == pytest.approx(2e-3 + 256 * 4e-5 + 2 * 6e-3)  # each prompt pays its own front end
+    # a lone request in the course server's loop: its first token ends the prefill step that started it
+    alone = simulate(Workload([RequestSpec("r", 0.0, 128, 4)]), server_sim_config(16, 512), TRUTH)
+    assert alone.traces[0].chunk_times[0] == pytest.approx(2e-3 + 128 * 4e-5 + 6e-3)
+
+
+def test_the_four_term_interface_is_unchanged():
+    plain = LinearCost(2e-3, 4e-5, 3e-4, 2e-8)
+    assert plain.coefficients == (2e-3, 4e-5, 3e-4, 2e-8)
+    assert plain.step_seconds(128, 4, 400) == pytest.approx(2e-3 + 128 * 4e-5 + 4 * 3e-4 + 400 * 2e-8)
+    assert "prompt started" not in plain.describe() and "spread" not in plain.describe()
+
+
+def test_fit_recovers_the_front_end_and_the_plain_line_cannot():
+    samples = calibration(TRUTH)
+    fit = LinearCost.fit(samples)
+    assert (fit.a, fit.b, fit.c, fit.d, fit.e) == pytest.approx((TRUTH.a, TRUTH.b, TRUTH.c, TRUTH.d, TRUTH.e), rel=1e-6)
+    assert fit.latency == 0
+    line = LinearCost.fit(samples, front_end="none")
+    assert line.e == 0
+    # The line spreads the front end over every step's intercept: decodes too slow, prefills too fast.
+    decode_error = line.expected_seconds(0, 1, 80) / TRUTH.expected_seconds(0, 1, 80) - 1
+    prefill_error = line.expected_seconds(16, 0, 0) / TRUTH.expected_seconds(16, 0, 0) - 1
+    assert decode_error > 0.05 and prefill_error < -0.3, (decode_error, prefill_error)
+    noisy = LinearCost.fit(calibration(TRUTH, noise=0.03, seed=1))
+    assert noisy.e == pytest.approx(TRUTH.e, rel=0.3)
+
+
+def test_fit_puts_a_front_end_in_another_process_off_the_steps():
+    vllm_like = LinearCost(a=3e-3, b=3e-5, c=2e-4, d=1e-8, latency=0.03)
+    samples = calibration(vllm_like)
+    fit = LinearCost.fit(samples, front_end="latency")
+    assert fit.latency == pytest.approx(0.03, rel=1e-6) and fit.e == 0
+    assert fit.a == pytest.approx(3e-3, rel=1e-6)
+    assert fit.predict(samples) == pytest.approx([s.seconds for s in samples], rel=1e-6)
+    # the latency delays every chunk alike: TTFT and E2E move, the gaps do not
+    run = simulate(poisson(5, 40, fixed(128), fixed(16), seed=3), SimConfig(max_num_seqs=16, num_blocks=10**5), fit)
+    seen, raw = summarize(fit.delivered(run.traces)), summarize(run.traces)
+    assert seen.ttft["mean"] == pytest.approx(raw.ttft["mean"] + 0.03)
+    assert seen.itl["p50"] == pytest.approx(raw.itl["p50"]) and seen.itl["p95"] == pytest.approx(raw.itl["p95"])
+    assert LinearCost(1e-3, 0, 0, 0).delivered(run.traces) == run.traces
+
+
+def test_fit_without_decode_samples_leaves_the_front_end_out():
+    prefills = [StepSample(n, 0, 0, 0.008 + 4e-5 * n) for n in PROMPTS]
+    fit = LinearCost.fit(prefills)
+    assert fit.e == 0 and fit.a == pytest.approx(0.008) and fit.b == pytest.approx(4e-5)
+
+
+def test_bad_terms_and_options_are_refused():
+    with pytest.raises(ValueError, match="e must be >= 0"):
+        LinearCost(1e-3, 0, 0, 0, e=-1e-3)
+    with pytest.raises(ValueError, match="latency must be >= 0"):
+        LinearCost(1e-3, 0, 0, 0, latency=float("nan"))
+    with pytest.raises(ValueError, match="increasing order"):
+        LinearCost(1e-3, 0, 0, 0, spread=(1e-3, -1e-3))
+    with pytest.raises(ValueError, match="at least 2"):
+        LinearCost(1e-3, 0, 0, 0, spread=(1e-3,))
+    with pytest.raises(ValueError, match="prefill_spread needs .* >= -1"):
+        LinearCost(1e-3, 0, 0, 0, prefill_spread=(-2.0, 0.0))  # a step cannot be more than 100 % shorter
+    with pytest.raises(ValueError, match="front_end must be one of"):
+        LinearCost.fit(calibration(TRUTH), front_end="api")
+
+
+def spread_samples(rng, scales=(1e-3, 1e-3)) -> list[StepSample]:
+    """Two decode waves whose single steps scatter like a busy server's: a right-skewed exponential tail."""
+    samples = []
+    for batch, scale in zip((1, 4), scales):
+        steps = rng.exponential(scale, 4000)
+        samples.append(StepSample(0, batch, 100 * batch, 0.004, deviations=tuple(steps - steps.mean())))
+    return samples
+
+
+def test_fit_spread_keeps_the_measured_deviations_quantiles_relative_with_mean_zero():
+    rng = np.random.default_rng(0)
+    samples = spread_samples(rng)
+    spread = fit_spread(samples)
+    assert len(spread) == len(SPREAD_PROBABILITIES)
+    probabilities = np.array(SPREAD_PROBABILITIES)
+    mean = np.sum(np.diff(probabilities) * (np.array(spread[1:]) + np.array(spread[:-1])) / 2)
+    assert abs(mean) < 1e-12
+    # exponential(1 ms) minus its mean on a 4 ms step: p95 = (ln 20 - 1) / 4 = +50 %, p50 = (ln 2 - 1) / 4 = -7.7 %
+    assert np.interp(0.95, probabilities, spread) == pytest.approx((np.log(20) - 1) / 4, abs=0.04)
+    assert np.interp(0.50, probabilities, spread) == pytest.approx((np.log(2) - 1) / 4, abs=0.025)
+    # every sample counts alike: a wave of 4 gaps moves the spread as much as a wave of 4000
+    few = [samples[0], StepSample(0, 8, 800, 0.01, deviations=(-4e-3, -4e-3, 4e-3, 4e-3))]
+    assert fit_spread(few)[0] < fit_spread(samples[:1])[0] - 0.05
+    assert fit_spread([StepSample(0, 1, 10, 0.004)]) == ()  # nothing measured, no spread
+    # decode and prefill steps scatter apart: each spread comes from its own samples
+    prefill = StepSample(128, 0, 0, 0.02, deviations=(-2e-3, 0.0, 2e-3))
+    fit = LinearCost.fit([*samples, prefill, StepSample(512, 0, 0, 0.05)])
+    assert fit.spread == pytest.approx(spread) and fit.prefill_spread == pytest.approx(fit_spread([prefill]))
+    assert fit.prefill_spread[-1] == pytest.approx(0.1) and fit.spread[-1] > 1.0
+    assert LinearCost.fit([*samples, prefill], spread=False).spread == ()
+
+
+def test_the_spread_is_drawn_per_step_without_state_and_reproduces_its_quantiles():
+    spread = fit_spread(spread_samples(np.random.default_rng(1)))
+    cost = LinearCost(4e-3, 0, 0, 0, spread=spread, seed=7)
+    loads = [(0, 8, 1000 + 8 * k, 1008 + 8 * k) for k in range(20000)]  # a decode batch, one step after another
+    drawn = np.array([cost.step_seconds(*load) for load in loads]) / 4e-3 - 1  # relative deviations
+    assert abs(drawn.mean()) < 0.01
+    assert np.quantile(drawn, 0.95) == pytest.approx(np.interp(0.95, np.linspace(0, 1, len(spread)), spread), rel=0.05)
+    # a pure function of the load and the seed: the same draws in any order, whatever ran before
+    again = [cost.step_seconds(*load) for load in reversed(loads[:100])]
+    assert again[::-1] == [cost.step_seconds(*load) for load in loads[:100]]
+    other = LinearCost(4e-3, 0, 0, 0, spread=spread, seed=8)
+    assert [other.step_seconds(*load) for load in loads[:100]] != [cost.step_seconds(*load) for load in loads[:100]]
+    assert cost.step_seconds(0, 8, 1000) == 4e-3  # without attention pairs (not a simulated step): the expected time
+    # a huge negative draw cannot make a step take no time
+    floor = LinearCost(1e-3, 0, 0, 0, spread=(-1.0, -1.0), seed=0)
+    assert floor.step_seconds(0, 1, 10, 11) == pytest.approx(0.05e-3)
+
+
+def test_a_simulation_with_a_spread_is_deterministic_and_wider_in_the_tail():
+    rng = np.random.default_rng(2)
+    steady = LinearCost(2e-3, 4e-5, 3e-4, 2e-8, e=6e-3)
+    jittered = LinearCost(2e-3, 4e-5, 3e-4, 2e-8, e=6e-3, spread=fit_spread(spread_samples(rng, (3e-3, 3e-3))))
+    load = poisson(5, 150, fixed(128), fixed(64), seed=303)
+    config = server_sim_config(16, 512)
+    first, second = simulate(load, config, jittered), simulate(load, config, jittered)
+    assert [t.chunk_times for t in first.traces] == [t.chunk_times for t in second.traces]
+    flat, wide = summarize(simulate(load, config, steady).traces), summarize(first.traces)
+    assert wide.itl["p95"] > 1.3 * flat.itl["p95"]  # the deterministic cost's tail is too short
+    assert wide.itl["mean"] == pytest.approx(flat.itl["mean"], rel=0.1)  # the mean step stays the fitted line
+
+
+def trace(rid: str, send: float, times: list[float]) -> RequestTrace:
+    return RequestTrace(rid, send, chunk_times=times, chunk_tokens=[1] * len(times), output_tokens=len(times))
+
+
+def test_calibration_samples_from_traces():
+    ttfts = [0.010, 0.012, 0.011, 0.030]
+    sample = prefill_sample([trace(str(i), 1.0, [1.0 + t, 1.0 + t + 0.003]) for i, t in enumerate(ttfts)], 64)
+    assert (sample.prefill_tokens, sample.seconds) == (64, pytest.approx(0.0115))
+    assert sample.deviations == pytest.approx([t - np.mean(ttfts) for t in ttfts])
+    # a decode wave whose first half waited for the next prompts' prefill chunks (20 ms gaps), then 5 ms
+    # steps: only the second half is the decode step
+    times = list(np.cumsum([0.02] * 4 + [0.005] * 4))
+    wave = [trace(str(i), 0.0, [t + 0.0001 * i for t in times]) for i in range(4)]
+    sample = decode_sample(wave, batch=4, context=32, output=8)
+    assert sample.seconds == pytest.approx(0.005)
+    assert sample.kv_tokens_read == 4 * (32 + 6)
+    assert sample.deviations == pytest.approx([0.0] * 12, abs=1e-12)
+    with pytest.raises(ValueError, match="no request succeeded"):
+        prefill_sample([RequestTrace("x", 0.0, error="boom")], 16)
+    with pytest.raises(ValueError, match="3 chunks or more"):
+        decode_sample([trace("a", 0.0, [0.01, 0.02])], batch=1, context=32, output=2)
+
+
+def test_the_fidelity_benchmark_checks_its_arguments(capsys):
+    args = sim_fidelity.parse_args(["--engine", "vllm"])
+    assert args.load == 0.7 and args.rate is None and args.rounds == 2
+    assert sim_fidelity.parse_args([]).rate == 5.0
+    config = sim_fidelity.sim_config(args)
+    assert config.scheduler == "continuous" and config.max_num_seqs == 16 and not config.enable_prefix_caching
+    command = sim_fidelity.vllm_server_command(8000, Path("/m"), 16, 512)
+    assert "--no-enable-prefix-caching" in command and command[command.index("--max-num-batched-tokens") + 1] == "512"
+    for bad, message in [
+        (["--load", "1.5"], "fraction of capacity"),
+        (["--rate", "0"], "must be positive"),
+        (["--rate", "5", "--load", "0.5"], "not allowed with"),
+        (["--output-tokens", "2"], "ITL needs gaps"),
+        (["--engine", "vllm", "--prompt-tokens", "1000"], "max-model-len"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            sim_fidelity.parse_args(bad)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, bad
+    assert sim_fidelity.main(["--engine", "vllm", "--dry-run"]) == 0
+    assert "vllm.entrypoints.cli.main serve" in capsys.readouterr().out

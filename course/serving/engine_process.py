@@ -14,8 +14,9 @@ core in a separate process by default (``VLLM_ENABLE_V1_MULTIPROCESSING=1`` in `
   :class:`~course.serving.request.EngineRequest` objects, consumed with ``for`` or ``async for``;
 * the engine core (:func:`_engine_core`, in a ``spawn``-ed child) owns an
   ``Engine(background=False)`` and steps it; each iteration's token events go back as one
-  message, with a snapshot of the engine's counters at most every ``STATS_INTERVAL_S`` and
-  whenever the engine falls idle;
+  :class:`~course.serving.messages.StepOutputs`, with a snapshot of the engine's counters at most
+  every ``STATS_INTERVAL_S`` and whenever the engine falls idle; commands and outputs are the typed
+  records of :mod:`course.serving.messages`;
 * on the server's side, the event loop reads the core's pipe itself (``loop.add_reader``, once
   the server calls :meth:`EngineProcess.read_outputs_on`, as vLLM's ``AsyncMPClient`` reads its
   ZMQ socket in an asyncio task) and puts each event straight into its stream's queue; used from
@@ -33,11 +34,8 @@ import contextlib
 import itertools
 import multiprocessing
 import multiprocessing.connection
-import os
-import pickle
 import select
 import signal
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +46,19 @@ import torch.multiprocessing  # noqa: F401  registers torch's pickling of tensor
 
 from course.models import LanguageModel
 from course.serving.engine import Engine, checked_prompt
+from course.serving.messages import (
+    AbortAll,
+    AbortRequest,
+    AddRequest,
+    Command,
+    CoreFailed,
+    CoreOutput,
+    CoreReady,
+    Shutdown,
+    StepOutputs,
+    decode_output,
+    encode_output,
+)
 from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver, wait_for_tokens
 from course.serving.sampler import SamplingParams
 
@@ -119,11 +130,11 @@ class EngineProcess:
         ready = None
         if multiprocessing.connection.wait([self._outputs, self.process.sentinel], start_timeout):
             ready = self._receive_or_none() if self._outputs.poll() else None
-        if not ready or ready[0] != "ready":
+        if not isinstance(ready, CoreReady):
             self.process.kill()
             self.process.join(5)
-            if ready:
-                reason = ready[1]
+            if isinstance(ready, CoreFailed):
+                reason = ready.error
             elif self.process.exitcode not in (None, -signal.SIGKILL):
                 # spawn runs the main script again in the child: unguarded, it starts a server there too
                 reason = (
@@ -133,12 +144,11 @@ class EngineProcess:
             else:
                 reason = f"no answer within {start_timeout:.0f} s"
             raise EngineStartError(f"the engine core process did not start: {reason}")
-        info = ready[1]
-        self.max_batch_size: int = info["max_batch_size"]
-        self.max_model_len: int = info["max_model_len"]
-        self.runner = RunnerName(info["runner"])
+        self.max_batch_size: int = ready.max_batch_size
+        self.max_model_len: int = ready.max_model_len
+        self.runner = RunnerName(ready.runner)
         self.last_error: str | None = None
-        self._stats: dict[str, Any] = info["stats"]
+        self._stats: dict[str, Any] = ready.stats
         self._open: dict[str, EngineRequest] = {}  # submitted and not finished, by request id
         self._lock = threading.Lock()  # guards _open, _stats and the command pipe
         self._ids = itertools.count()
@@ -161,7 +171,7 @@ class EngineProcess:
                 self._reader = threading.Thread(target=self._read_outputs, name=name, daemon=True)
                 self._reader.start()
             self._open[request.request_id] = request
-            self._send(("add", request.request_id, prompt_ids, params))
+            self._send(AddRequest(request.request_id, prompt_ids, params))
         return request
 
     def read_outputs_on(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -181,12 +191,12 @@ class EngineProcess:
         """Stop a request; takes effect before the core's next decode step. Unknown ids are ignored."""
         with self._lock:
             if request_id in self._open:
-                self._send(("abort", request_id, reason))
+                self._send(AbortRequest(request_id, reason))
 
     def abort_all(self, reason: str = "the server is shutting down") -> None:
         """Fail every waiting and running request with an error event of status 503."""
         with self._lock:
-            self._send(("abort_all", reason))
+            self._send(AbortAll(reason))
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
         """Generate synchronously (from plain code, not inside an event loop); returns the token ids."""
@@ -201,7 +211,7 @@ class EngineProcess:
         with self._lock:
             if not self._stopping:
                 self._stopping = True
-                self._send(("stop",))
+                self._send(Shutdown())
         if not timeout:
             return
         # When the loop that reads the pipe is this thread (a server's shutdown), it cannot run its
@@ -252,14 +262,14 @@ class EngineProcess:
 
     # --- reading the core's events: on the event loop, or on a reader thread ----------------------
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: Command) -> None:
         """Send a command to the core (caller holds the lock); a core that is gone is left to the reader."""
         with contextlib.suppress(BrokenPipeError, OSError, ValueError):
             self._commands.send(message)
 
-    def _receive_or_none(self) -> tuple | None:
+    def _receive_or_none(self) -> CoreOutput | None:
         try:
-            return self._outputs.recv()
+            return decode_output(self._outputs.recv_bytes())
         except (EOFError, OSError):
             return None
 
@@ -301,17 +311,15 @@ class EngineProcess:
                 return
             self._handle(message)
 
-    def _handle(self, message: tuple) -> None:
+    def _handle(self, message: StepOutputs) -> None:
         """One message from the core: its events to their requests, and its counter snapshot."""
-        events, stats = message
         pending = []
         now = time.perf_counter()
         with self._lock:
-            for request_id, fields in events:
+            for request_id, event in message.events:
                 request = self._open.get(request_id)
                 if request is None:
                     continue
-                event = TokenEvent(*fields)
                 if event.token is not None:
                     request.output_ids.append(event.token)
                     if request.first_token_time is None:
@@ -320,8 +328,8 @@ class EngineProcess:
                     request.finish_reason, request.error = event.finish_reason, event.error
                     del self._open[request_id]
                 pending.append((request, event))
-            if stats is not None:
-                self._stats = stats
+            if message.stats is not None:
+                self._stats = message.stats
         deliver(pending)
 
     def _core_gone(self) -> None:
@@ -350,30 +358,27 @@ def _engine_core(lm: LanguageModel, engine_args: dict, threads: int, commands: C
 
     What runs between two forward passes is on every token's path, and there it runs several
     times slower than in a tight loop (each forward pass streams the weights through the caches).
-    Timed inside this loop on the course's 2-core VM, at one stream of the tiny model: the check
-    for commands with ``Connection.poll(0)`` took about 22 us (3 us in a tight loop), and pickling
-    one step's events as named tuples about 23 us (4 us). So the loop enters inference mode once,
-    checks for commands with one ``poll`` system call (now about 7 us), and sends each step's events
-    as plain tuples, which pickle in C.
+    So the loop enters inference mode once, checks for commands with one ``poll`` system call, and
+    sends each step's events as one msgspec-encoded :class:`~course.serving.messages.StepOutputs`
+    (encoded in C; ``benchmarks/serving.py`` measures the whole path).
     """
     import torch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server decides
     torch.set_num_threads(threads)
-    outbox: list[tuple[str, tuple]] = []
+    outbox: list[tuple[str, TokenEvent]] = []
 
     def collect(pending: list[tuple[EngineRequest, TokenEvent]]) -> None:
-        outbox.extend((request.request_id, tuple(event)) for request, event in pending)
+        outbox.extend((request.request_id, event) for request, event in pending)
 
     try:
         engine = Engine(lm, background=False, on_events=collect, **engine_args)
     except Exception as err:  # a bad argument or a model the runner cannot run: say so to the server
-        outputs.send(("failed", f"{type(err).__name__}: {err}"))
+        outputs.send_bytes(encode_output(CoreFailed(f"{type(err).__name__}: {err}")))
         return
-    info = {"max_batch_size": engine.max_batch_size, "max_model_len": engine.max_model_len}
-    outputs.send(("ready", {**info, "runner": engine.runner.name, "stats": engine.stats()}))
+    ready = CoreReady(engine.max_batch_size, engine.max_model_len, engine.runner.name, engine.stats())
+    outputs.send_bytes(encode_output(ready))
     command_waiting = _readable_now(commands)
-    send = _message_sender(outputs)
     stats_sent = time.monotonic()
     stopping = stopped = False
     with torch.inference_mode():  # entered once here, so Engine.step() does not enter it every step
@@ -393,7 +398,7 @@ def _engine_core(lm: LanguageModel, engine_args: dict, threads: int, commands: C
                 stats, stats_sent = engine.stats(), now
             if outbox or stats is not None:
                 try:
-                    send((outbox, stats))
+                    outputs.send_bytes(encode_output(StepOutputs(outbox, stats)))
                 except (BrokenPipeError, OSError):
                     return
                 outbox = []
@@ -412,41 +417,20 @@ def _readable_now(connection: Connection) -> Callable[[], bool]:
     return lambda: bool(poller.poll(0))
 
 
-def _message_sender(connection: Connection) -> Callable[[object], None]:
-    """``connection.send`` with less Python per message: the same framing (a 4-byte big-endian
-    length, then the pickle), so the other end reads it with ``recv()``. For messages of plain
-    Python objects (no tensors: ``multiprocessing``'s pickler is what shares those)."""
-    if os.name != "posix":
-        return connection.send
-    fd = connection.fileno()
-
-    def send(message: object) -> None:
-        payload = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        if len(payload) > 0x7FFFFFFF:  # Connection's header for a larger message
-            connection.send_bytes(payload)
-            return
-        frame = memoryview(struct.pack("!i", len(payload)) + payload)
-        while frame:  # a blocking pipe writes it whole, unless a signal interrupts it
-            frame = frame[os.write(fd, frame) :]
-
-    return send
-
-
-def _apply(engine: Engine, command: tuple, collect) -> bool:
-    """Carry out one command from the server; True if it was "stop"."""
-    kind = command[0]
-    if kind == "add":
-        _, request_id, prompt_ids, params = command
-        try:
-            engine.submit(prompt_ids, params, request_id=request_id)
-        except (ValueError, EngineStopped) as err:  # checked on the server's side already; never crash the core
-            status = 503 if isinstance(err, EngineStopped) else 500
-            collect([(EngineRequest(request_id, [], params), TokenEvent(None, "error", str(err), status))])
-    elif kind == "abort":
-        engine.abort(command[1], command[2])
-    elif kind == "abort_all":
-        engine.abort_all(command[1])
-    elif kind == "stop":
-        engine.stop()
-        return True
+def _apply(engine: Engine, command: Command, collect) -> bool:
+    """Carry out one command from the server; True if it was :class:`Shutdown`."""
+    match command:
+        case AddRequest(request_id, prompt_ids, params):
+            try:
+                engine.submit(prompt_ids, params, request_id=request_id)
+            except (ValueError, EngineStopped) as err:  # checked on the server's side already; never crash the core
+                status = 503 if isinstance(err, EngineStopped) else 500
+                collect([(EngineRequest(request_id, [], params), TokenEvent(None, "error", str(err), status))])
+        case AbortRequest(request_id, reason):
+            engine.abort(request_id, reason)
+        case AbortAll(reason):
+            engine.abort_all(reason)
+        case Shutdown():
+            engine.stop()
+            return True
     return False

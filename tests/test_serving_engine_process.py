@@ -179,7 +179,7 @@ def test_a_core_that_dies_under_the_server_ends_its_streams_with_an_error(lm):
 
 
 def test_every_field_of_an_event_crosses_the_process_boundary(lm, core):
-    # The core sends events as msgspec structs; the server decodes them. Logprobs, top alternatives,
+    # The core sends events in a typed StepOutputs message; the server unpacks them. Logprobs, top alternatives,
     # finish reasons and errors must arrive as the in-process engine makes them.
     params = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=2)
     prompt = _prompts(lm, 1)[0]
@@ -201,7 +201,7 @@ def test_the_core_s_messages_are_typed_and_framed_by_the_standard_pipe():
     import multiprocessing
 
     from course.serving.engine_process import _readable_now
-    from course.serving.messages import CoreReady, StepOutputs, decode_output, encode_output
+    from course.serving.messages import CoreReady, StepOutputs
     from course.serving.request import TokenEvent
 
     reader, writer = multiprocessing.Pipe(duplex=False)
@@ -211,18 +211,18 @@ def test_the_core_s_messages_are_typed_and_framed_by_the_standard_pipe():
     events = [(f"req-{i}", TokenEvent(i, "length", "x" * 50, None, -0.5, ((1, -0.1),))) for i in range(4000)]
     large = StepOutputs(events, {"steps": 3})
     received = []
-    thread = threading.Thread(target=lambda: received.extend(decode_output(reader.recv_bytes()) for _ in range(3)))
-    writer.send_bytes(encode_output(small))
+    thread = threading.Thread(target=lambda: received.extend(reader.recv() for _ in range(3)))
+    writer.send(small)
     assert readable()
     thread.start()
-    writer.send_bytes(encode_output(large))  # larger than the pipe's buffer: written whole while the other side reads
-    writer.send_bytes(encode_output(CoreReady(4, 128, "lean", {"steps": 0})))
+    writer.send(large)  # larger than the pipe's buffer: written whole while the other side reads
+    writer.send(CoreReady(4, 128, "lean", {"steps": 0}))
     thread.join(30)
     assert received == [small, large, CoreReady(4, 128, "lean", {"steps": 0})]
-    assert all(type(event) is TokenEvent for _, event in received[1].events), "decoded straight into TokenEvents"
+    assert all(type(event) is TokenEvent for _, event in received[1].events), "unpacked into TokenEvents"
     assert not readable()
-    writer.close()  # the server is gone: the busy core must see it (then recv_bytes() raises EOFError and it stops)
+    writer.close()  # the server is gone: the busy core must see it (then recv() raises EOFError and it stops)
     assert readable()
     with pytest.raises(EOFError):
-        reader.recv_bytes()
+        reader.recv()
     assert readable()  # the end of the pipe counts, so the core's loop notices a server that is gone

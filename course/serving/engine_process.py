@@ -56,8 +56,6 @@ from course.serving.messages import (
     CoreReady,
     Shutdown,
     StepOutputs,
-    decode_output,
-    encode_output,
 )
 from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver, wait_for_tokens
 from course.serving.sampler import SamplingParams
@@ -269,7 +267,7 @@ class EngineProcess:
 
     def _receive_or_none(self) -> CoreOutput | None:
         try:
-            return decode_output(self._outputs.recv_bytes())
+            return self._outputs.recv()
         except (EOFError, OSError):
             return None
 
@@ -359,8 +357,8 @@ def _engine_core(lm: LanguageModel, engine_args: dict, threads: int, commands: C
     What runs between two forward passes is on every token's path, and there it runs several
     times slower than in a tight loop (each forward pass streams the weights through the caches).
     So the loop enters inference mode once, checks for commands with one ``poll`` system call, and
-    sends each step's events as one msgspec-encoded :class:`~course.serving.messages.StepOutputs`
-    (encoded in C; ``benchmarks/serving.py`` measures the whole path).
+    sends each step's events as one :class:`~course.serving.messages.StepOutputs` (which pickles
+    its events as plain tuples; ``benchmarks/serving.py`` measures the whole path).
     """
     import torch
 
@@ -374,10 +372,10 @@ def _engine_core(lm: LanguageModel, engine_args: dict, threads: int, commands: C
     try:
         engine = Engine(lm, background=False, on_events=collect, **engine_args)
     except Exception as err:  # a bad argument or a model the runner cannot run: say so to the server
-        outputs.send_bytes(encode_output(CoreFailed(f"{type(err).__name__}: {err}")))
+        outputs.send(CoreFailed(f"{type(err).__name__}: {err}"))
         return
     ready = CoreReady(engine.max_batch_size, engine.max_model_len, engine.runner.name, engine.stats())
-    outputs.send_bytes(encode_output(ready))
+    outputs.send(ready)
     command_waiting = _readable_now(commands)
     stats_sent = time.monotonic()
     stopping = stopped = False
@@ -398,7 +396,7 @@ def _engine_core(lm: LanguageModel, engine_args: dict, threads: int, commands: C
                 stats, stats_sent = engine.stats(), now
             if outbox or stats is not None:
                 try:
-                    outputs.send_bytes(encode_output(StepOutputs(outbox, stats)))
+                    outputs.send(StepOutputs(outbox, stats))
                 except (BrokenPipeError, OSError):
                     return
                 outbox = []

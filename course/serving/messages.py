@@ -1,24 +1,24 @@
 """The messages between the API server and the engine core process, one typed record each.
 
-As in vLLM V1 (``vllm/v1/engine/__init__.py``: ``EngineCoreRequest``, ``EngineCoreOutputs``, msgspec
-structs sent over ZMQ) and mini-sglang's ``message`` package, every message that crosses the process
-boundary has a type of its own, and the receiving side dispatches on that type, never on a string:
+As in vLLM V1 (``vllm/v1/engine/__init__.py``: ``EngineCoreRequest`` and ``EngineCoreOutputs`` cross
+its process boundary as typed structs) and mini-sglang's ``message`` package, every message that
+crosses the process boundary has a type of its own, and the receiving side dispatches on that type,
+never on a string. All of them travel with ``Connection.send`` / ``recv`` (pickle, and the standard
+library's framing):
 
 * commands, server to core (a few per request): :class:`AddRequest`, :class:`AbortRequest`,
-  :class:`AbortAll`, :class:`Shutdown`; frozen dataclasses sent with ``Connection.send`` (pickle: the
-  sampling parameters travel as they are);
-* outputs, core to server (one per engine step while busy, so on every token's path):
-  :class:`CoreReady` or :class:`CoreFailed` once at start, then :class:`StepOutputs`; msgspec structs
-  encoded as MessagePack and framed by ``Connection.send_bytes`` / ``recv_bytes``. msgspec encodes and
-  decodes them in C, and decodes each event straight into a :class:`~course.serving.request.TokenEvent`.
+  :class:`AbortAll`, :class:`Shutdown`;
+* outputs, core to server: :class:`CoreReady` or :class:`CoreFailed` once at start, then one
+  :class:`StepOutputs` per engine step while busy, so on every token's path. A
+  :class:`~course.serving.request.TokenEvent` pickles several times slower than the plain tuple of
+  its fields (a named tuple is rebuilt through Python code), so :class:`StepOutputs` pickles its
+  events as tuples and rebuilds them on arrival: the wire format stays inside the message type.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-import msgspec
 
 from course.serving.request import TokenEvent
 from course.serving.sampler import SamplingParams
@@ -61,7 +61,8 @@ Command = AddRequest | AbortRequest | AbortAll | Shutdown
 # --- outputs: engine core -> API server -----------------------------------------------------------
 
 
-class CoreReady(msgspec.Struct, tag=True, array_like=True, frozen=True):
+@dataclass(frozen=True, slots=True)
+class CoreReady:
     """The core built its engine: the limits it resolved, its runner's name and its first counters."""
 
     max_batch_size: int
@@ -70,31 +71,27 @@ class CoreReady(msgspec.Struct, tag=True, array_like=True, frozen=True):
     stats: dict[str, Any]
 
 
-class CoreFailed(msgspec.Struct, tag=True, array_like=True, frozen=True):
+@dataclass(frozen=True, slots=True)
+class CoreFailed:
     """The core could not build its engine (a bad argument, a model its runner cannot run)."""
 
     error: str
 
 
-class StepOutputs(msgspec.Struct, tag=True, array_like=True, gc=False):
+@dataclass(slots=True)
+class StepOutputs:
     """One engine step's events, ``(request id, event)`` in order, and a snapshot of the engine's
     counters when one is due (None otherwise)."""
 
     events: list[tuple[str, TokenEvent]]
     stats: dict[str, Any] | None = None
 
+    def __reduce__(self):
+        return _rebuild_step_outputs, ([(request_id, tuple(event)) for request_id, event in self.events], self.stats)
+
+
+def _rebuild_step_outputs(rows: list[tuple[str, tuple]], stats: dict[str, Any] | None) -> StepOutputs:
+    return StepOutputs([(request_id, TokenEvent(*fields)) for request_id, fields in rows], stats)
+
 
 CoreOutput = CoreReady | CoreFailed | StepOutputs
-
-_ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder(CoreOutput)
-
-
-def encode_output(message: CoreOutput) -> bytes:
-    """The bytes of one output message (for ``Connection.send_bytes``)."""
-    return _ENCODER.encode(message)
-
-
-def decode_output(data: bytes) -> CoreOutput:
-    """The output message in ``data`` (from ``Connection.recv_bytes``), its events as TokenEvents."""
-    return _DECODER.decode(data)

@@ -52,6 +52,7 @@ RUNTIME_DISTRIBUTIONS = (
     "packaging",
     "fastapi",
     "uvicorn",
+    "aiohttp",
     "httpx",
     "openai",
     "prometheus_client",

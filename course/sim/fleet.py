@@ -382,6 +382,7 @@ def plan_capacity(
     max_extra_replicas: int = 2,
     max_gpus: int = 64,
     deployment: Callable[..., tuple[SimConfig, Any]] | None = None,
+    **deployment_args: Any,
 ) -> list[Plan]:
     """The cheapest ways to serve ``target_rate`` req/s of ``make_workload``'s traffic within ``slo``.
 
@@ -393,8 +394,9 @@ def plan_capacity(
     while the fleet misses the SLO, since a router never splits load as evenly as the division assumes.
     Returns the plans sorted by price, cheapest first; plans over ``max_gpus`` GPUs are skipped.
 
-    ``deployment(model, gpu, tp, pp)`` -> ``(SimConfig, cost)`` builds one replica (default
-    :func:`course.sim.parallel.deployment`, vLLM's defaults and budget).
+    ``deployment(model, gpu, tp, pp, **deployment_args)`` -> ``(SimConfig, cost)`` builds one replica
+    (default :func:`course.sim.parallel.deployment`, vLLM's defaults and budget; ``max_model_len=8192``
+    and the like go through ``deployment_args``).
     """
     from course import capacity
     from course.sim import parallel
@@ -408,7 +410,7 @@ def plan_capacity(
                 if tp * pp > max_gpus:
                     continue
                 try:
-                    config, cost = build(model, gpu, tp, pp)
+                    config, cost = build(model, gpu, tp, pp, **deployment_args)
                 except parallel.DoesNotFit:
                     continue
 

@@ -13,7 +13,9 @@ operator), each of ``tokens x hidden`` activations, over the interconnect
 **Pipeline parallelism** (``--pipeline-parallel-size``) gives each of ``pp`` stages a contiguous slice
 of the layers (vLLM's split: ``vllm/distributed/utils.py``, ``get_pp_indices``: the remainder goes to
 the stages before the last), and sends the hidden states from stage to stage. vLLM keeps ``pp``
-batches in flight to fill the pipeline (``vllm/config/vllm.py``, ``max_concurrent_batches``).
+batches in flight to fill the pipeline, one more with async scheduling under its V2 model runner (the GPU
+default in 0.32: the next batch is scheduled while the others run; ``vllm/config/vllm.py``,
+``max_concurrent_batches``; :func:`batches_in_flight`).
 
 The simulator's engine runs one batch per step, so PP is modelled **analytically** here: one simulated
 step is one *round* of the pipeline, in which every running request advances once. The step's work is
@@ -262,8 +264,15 @@ def parallel_cost(
     )
 
 
+def batches_in_flight(pp: int, async_scheduling: bool = True) -> int:
+    """Batches vLLM 0.32 keeps in flight for ``pp`` stages under its V2 model runner (``max_concurrent_batches``):
+    ``pp`` to fill the pipeline, plus one scheduled ahead with async scheduling (2 for a single stage)."""
+    return pp + 1 if async_scheduling else pp
+
+
 def pipeline_config(config: SimConfig, pp: int) -> SimConfig:
-    """The simulated round's settings: ``pp`` in-flight batches, each with vLLM's token budget."""
+    """The simulated round's settings: ``pp`` in-flight batches, each with vLLM's token budget (the batch
+    async scheduling keeps ahead is the engine's ``async_scheduling``, not a stage's work)."""
     if pp == 1:
         return config
     return replace(config, max_num_batched_tokens=config.token_budget * pp)
@@ -277,8 +286,8 @@ def parallel_budget(model: Any, gpu: HardwareSpec | str = "H100-SXM", tp: int = 
 
     Each stage is budgeted by :func:`course.kv.budget` with its own layers and parameters and the TP
     split; vLLM gives every stage the fewest blocks any stage has (the KV-cache configs of the workers
-    are unified to the minimum: ``vllm/v1/core/kv_cache_utils.py``), so the stage with the fewest is
-    returned.
+    are unified to the minimum: ``vllm/v1/core/kv_cache_utils.py``, ``get_kv_cache_configs``), so the
+    stage with the fewest is returned.
     """
     from course.kv import budget
     from course.kv.catalogue import get_model

@@ -226,3 +226,19 @@ def test_the_core_s_messages_are_typed_and_framed_by_the_standard_pipe():
     with pytest.raises(EOFError):
         reader.recv()
     assert readable()  # the end of the pipe counts, so the core's loop notices a server that is gone
+
+
+def test_both_engines_implement_the_engine_client_protocol(lm, core):
+    """The server is typed against EngineClient; both engines answer it with the same signatures."""
+    import inspect
+
+    from course.serving.engine_client import EngineClient
+
+    here = Engine(lm, max_batch_size=2)
+    try:
+        assert isinstance(here, EngineClient) and isinstance(core, EngineClient)
+    finally:
+        here.stop()
+    for name in ("submit", "abort", "abort_all", "generate", "stop", "cache_tokens", "stats"):
+        assert inspect.signature(getattr(Engine, name)) == inspect.signature(getattr(EngineProcess, name)), name
+        assert inspect.signature(getattr(Engine, name)) == inspect.signature(getattr(EngineClient, name)), name

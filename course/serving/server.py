@@ -38,7 +38,7 @@ import unicodedata
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -49,6 +49,7 @@ from starlette.requests import ClientDisconnect
 from course.models import LanguageModel
 from course.serving.detok import IncrementalDetokenizer
 from course.serving.engine import Engine, EngineRequest, EngineStopped, SamplingParams
+from course.serving.engine_client import EngineClient
 from course.serving.protocol import (
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -67,9 +68,6 @@ from course.serving.protocol import (
     parse_json_body,
     sse_event,
 )
-
-if TYPE_CHECKING:
-    from course.serving.engine_process import EngineProcess
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 access_logger = logging.getLogger("course.serving.access")
@@ -171,7 +169,7 @@ def _failure_body(message: str, status: int) -> dict:
 class _Generation:
     """One request's way through the engine: detokenization, stop strings, the chunks, its metrics."""
 
-    def __init__(self, engine: Engine, request: GenerationRequest, tokenizer, metrics=None, state=None) -> None:
+    def __init__(self, engine: EngineClient, request: GenerationRequest, tokenizer, metrics=None, state=None) -> None:
         self.engine = engine
         self.request = request
         self.writer = ChunkWriter(request)
@@ -415,7 +413,7 @@ def _same(given: bytes | None, expected: bytes) -> bool:
 def create_app(
     lm: LanguageModel | None = None,
     *,
-    engine: Engine | EngineProcess | None = None,
+    engine: EngineClient | None = None,
     model_name: str | None = None,
     aliases: tuple[str, ...] = (),
     max_batch_size: int = 64,
@@ -434,8 +432,9 @@ def create_app(
     Args:
         lm: the model (default: ``course.load_model()``'s choice for this runtime); ignored
             when ``engine`` is given.
-        engine: an engine to serve (tests pass their own to look inside it): an :class:`Engine`,
-            or an :class:`~course.serving.engine_process.EngineProcess`.
+        engine: an engine to serve (tests pass their own to look inside it): any
+            :class:`~course.serving.engine_client.EngineClient` (an :class:`Engine`, an
+            :class:`~course.serving.engine_process.EngineProcess`).
         model_name: the id clients send as ``model`` (default: the model's name).
         aliases: more ids accepted as ``model`` (e.g. a local path, as ``transformers serve``).
         max_batch_size: requests decoded together (1 = one request at a time).

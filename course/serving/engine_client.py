@@ -1,0 +1,69 @@
+"""What the API server needs from an engine: the one interface both engines implement.
+
+:class:`~course.serving.engine.Engine` steps on a thread of the server's process;
+:class:`~course.serving.engine_process.EngineProcess` steps in a process of its own and answers the
+same calls from its side of the pipe. The server (:mod:`course.serving.server`) is typed against
+:class:`EngineClient` and never asks which one it has, as vLLM's API server is typed against its
+``EngineClient`` protocol (``vllm/engine/protocol.py``) whatever runs the engine core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from course.models import LanguageModel
+from course.serving.request import EngineRequest
+from course.serving.sampler import SamplingParams
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """A continuous-batching engine as the server uses it.
+
+    Counters, the same in both engines: ``num_waiting`` is the requests that have no token yet
+    (queued, or with their prompt partly prefilled), ``num_running`` those that have at least one
+    token and have not finished, ``num_unfinished`` both together plus any being aborted.
+    """
+
+    lm: LanguageModel
+    max_batch_size: int
+    max_model_len: int
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> EngineRequest:
+        """Queue a request (its prompt checked against the context and the vocabulary: ValueError
+        otherwise); iterate over the returned request, with ``for`` or ``async for``, for its events."""
+        ...
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """Stop a request before the next decode step; unknown ids are ignored."""
+        ...
+
+    def abort_all(self, reason: str = "the server is shutting down") -> None:
+        """Fail every waiting and running request with an error event of status 503."""
+        ...
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        """Generate synchronously (from plain code, not inside an event loop); the new token ids."""
+        ...
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort everything (503 error events), refuse new requests, end the engine's loop."""
+        ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_unfinished(self) -> int: ...
+
+    def cache_tokens(self) -> int:
+        """Token slots the KV cache holds now (or as of the engine's last snapshot)."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's counters, for ``/health``, ``/metrics``, tests and plots."""
+        ...

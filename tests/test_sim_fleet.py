@@ -227,3 +227,17 @@ def test_fleet_requests_arrive_in_order_per_replica():
         arrivals = [r.arrival_time for r in run.requests]
         assert arrivals == sorted(arrivals)
     assert np.bincount(fleet.assignment, minlength=2).sum() == len(w)
+
+
+def test_cli_capacity_search(capsys):
+    args = ["simulate", "--model", "Llama-3-8B", "--requests", "40", "--prompt-tokens", "300", "--output-tokens", "40"]
+    plan = ["--plan-rate", "6", "--plan-gpus", "H100-SXM=3,L4=0.8", "--plan-tp", "1,2"]
+    assert main([*args, *plan, "--slo-ttft-ms", "1000", "--slo-tpot-ms", "60", "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)
+    assert {(p["gpu"], p["tp"]) for p in plans} == {("H100-SXM", 1), ("H100-SXM", 2), ("L4", 1), ("L4", 2)}
+    holding = [p for p in plans if p["holds"]]
+    assert holding and [p["dollars_per_hour"] for p in holding] == sorted(p["dollars_per_hour"] for p in holding)
+    assert main([*args, *plan]) == 2  # the search needs the SLOs
+    assert "give --slo-ttft-ms and --slo-tpot-ms" in capsys.readouterr().err
+    assert main([*args, *plan[:2], "--plan-tp", "1,x", "--slo-ttft-ms", "1", "--slo-tpot-ms", "1"]) == 2
+    assert "comma-separated integers" in capsys.readouterr().err

@@ -8,6 +8,8 @@ Examples::
     course simulate --config experiment.toml --scheduler static
     course simulate --model Llama-3.1-70B --gpu H100-SXM --tp 4 --max-model-len 8192 --replicas 4 \\
         --router least-outstanding --rate 20
+    course simulate --model Llama-3.1-70B --max-model-len 8192 --slo-ttft-ms 1000 --slo-tpot-ms 50 \\
+        --plan-rate 20 --plan-gpus H100-SXM=3.0,H200-SXM=3.8 --plan-tp 4,8
 
 A config file (TOML or JSON) holds the same settings as the flags, with underscores: scheduler
 settings at the top level (``scheduler``, ``max_num_seqs``, ``num_blocks``, ...) and the tables
@@ -164,6 +166,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("nvlink", "pcie", "network"),
         help="link the TP group all-reduces over (default: the fastest that joins --tp GPUs of the --gpu)",
     )
+    p = parser.add_argument_group(
+        "capacity search: the cheapest GPU, TP, PP and replicas that hold the SLOs (needs --slo-ttft-ms, --slo-tpot-ms)"
+    )
+    p.add_argument("--plan-rate", type=float, help="target arrival rate (req/s) of the workload; turns the search on")
+    p.add_argument(
+        "--plan-gpus", help="GPUs and their $ per GPU-hour, e.g. H100-SXM=3.0,H200-SXM=3.8 (default H100-SXM=3.0)"
+    )
+    p.add_argument("--plan-tp", help="TP sizes to try, e.g. 2,4,8 (default: every size vLLM accepts up to 8)")
+    p.add_argument("--plan-pp", help="PP sizes to try, e.g. 1,2 (default 1)")
+    p.add_argument("--plan-headroom", type=float, help="share of each replica's capacity kept free (default 0)")
     f = parser.add_argument_group("replicas behind a router")
     f.add_argument("--replicas", type=int, help="data-parallel replicas, each --tp x --pp GPUs (default 1)")
     f.add_argument(
@@ -223,12 +235,10 @@ def settings_from(args: argparse.Namespace) -> dict:
     return settings
 
 
-def build(settings: dict):
-    """(workload, SimConfig, cost model, SLOs in seconds) from merged settings."""
-    from course.sim.cost import LinearCost, RooflineCost
+def workload_from(w: dict) -> workload.Workload:
+    """The requests of a ``[workload]`` settings table (generated, or replayed from a trace file)."""
     from course.sim.workloads import cap_output, with_system_prompt
 
-    w = settings["workload"]
     if w["trace"]:
         from course.trace import load_traces
 
@@ -253,7 +263,14 @@ def build(settings: dict):
         requests = with_system_prompt(requests, w["system_prompt_tokens"], front_tokens=w["front_tokens"])
     if w["max_tokens"]:
         requests = cap_output(requests, w["max_tokens"])
+    return requests
 
+
+def build(settings: dict):
+    """(workload, SimConfig, cost model, SLOs in seconds) from merged settings."""
+    from course.sim.cost import LinearCost, RooflineCost
+
+    requests = workload_from(settings["workload"])
     c = settings["cost"]
     model = None
     if c["kind"] == "linear":
@@ -347,6 +364,8 @@ def run(args: argparse.Namespace) -> int:
     from course.sim.engine import simulate
 
     settings = settings_from(args)
+    if getattr(args, "plan_rate", None) is not None:
+        return _run_plan(args, settings)
     requests, config, cost, slos = build(settings)
     if not len(requests):
         raise ValueError("the workload has no requests")
@@ -388,4 +407,70 @@ def _run_fleet(
         print(f"{requests.name}: {len(requests)} requests")
         print(f"each replica: {config.describe()}; {cost.describe() if hasattr(cost, 'describe') else cost}")
         print(result.table(**slos))
+    return 0
+
+
+def _int_list(text: str | None, what: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(int(v) for v in str(text).split(","))
+    except ValueError:
+        raise ValueError(f"{what} takes comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"{what} takes positive integers, got {text!r}")
+    return values
+
+
+def _run_plan(args: argparse.Namespace, settings: dict) -> int:
+    """``course simulate --plan-rate R``: the capacity search of course.sim.fleet.plan_capacity."""
+    from course.capacity import SLO
+    from course.sim.fleet import plan_capacity
+
+    slo = settings["slo"]
+    if not slo["ttft_ms"] or not slo["tpot_ms"]:
+        raise ValueError("--plan-rate needs the SLOs to hold: give --slo-ttft-ms and --slo-tpot-ms")
+    if args.plan_rate <= 0:
+        raise ValueError(f"--plan-rate must be a positive rate (req/s), got {args.plan_rate}")
+    c = settings["cost"]
+    if c["kind"] != "roofline":
+        raise ValueError("--plan-rate sizes GPUs from their datasheets: use --cost roofline")
+    prices = {}
+    for item in (args.plan_gpus or "H100-SXM=3.0").split(","):
+        name, _, price = item.partition("=")
+        try:
+            prices[hardware.gpu(name.strip()).name] = float(price)
+        except ValueError:
+            raise ValueError(f"--plan-gpus takes NAME=DOLLARS_PER_HOUR pairs, got {item!r}") from None
+    model = _model(c["model"], c["num_params"])
+    base = settings["workload"]
+    if base["trace"]:
+        raise ValueError("--plan-rate generates the workload at each rate it tries; it cannot replay a --trace")
+    efficiency = {key: c[key] for key in ("flops_efficiency", "bandwidth_efficiency") if c[key] is not None}
+    roofline = {"step_overhead": (c["step_overhead_ms"] or 0.0) / 1e3, **efficiency}
+    target = SLO("--slo", ttft=slo["ttft_ms"] / 1e3, tpot=slo["tpot_ms"] / 1e3, source="course simulate flags")
+    plans = plan_capacity(
+        model,
+        lambda rate: workload_from({**base, "rate": rate}),
+        args.plan_rate,
+        target,
+        prices,
+        tp_sizes=_int_list(args.plan_tp, "--plan-tp"),
+        pp_sizes=_int_list(args.plan_pp, "--plan-pp") or (1,),
+        router=settings["fleet"]["router"],
+        headroom=args.plan_headroom or 0.0,
+        max_model_len=settings["scheduler"].get("max_model_len"),
+        interconnect=c["interconnect"],
+        roofline=roofline,
+    )
+    if args.json:
+        finite = lambda v: None if isinstance(v, float) and v in (float("inf"), float("-inf")) or v != v else v  # noqa: E731
+        print(json.dumps([{**{k: finite(v) for k, v in vars(p).items()}, "gpus": p.gpus} for p in plans], indent=1))
+        return 0
+    print(f"{model.name}, {args.plan_rate:g} req/s of {workload_from({**base, 'rate': args.plan_rate}).name}; "
+          f"{target.describe()}; router {settings['fleet']['router']}")  # fmt: skip
+    if not plans:
+        print("no shape fits: add GPUs (--plan-tp), a larger GPU (--plan-gpus) or shorten --max-model-len")
+    for plan in plans:
+        print(plan.describe())
     return 0

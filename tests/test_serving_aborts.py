@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from course.serving.engine import Engine, SamplingParams
+from course.serving.runner import observe_forward
 from course.serving.testing import shared_chatty_model
 
 
@@ -75,7 +76,7 @@ def test_stop_admits_nothing_and_fails_every_request(lm):
 def test_steps_run_in_inference_mode(lm):
     """Issue 14 item 5: every step of the engine, background or by hand, runs without autograd."""
     grad_modes = []
-    handle = lm.model.register_forward_pre_hook(lambda *_: grad_modes.append(torch.is_grad_enabled()))
+    handle = observe_forward(lm.model, lambda _: grad_modes.append(torch.is_grad_enabled()))  # the lean runner's passes
     try:
         engine = Engine(lm, background=False)
         engine.submit([5, 6, 7], _params(4))
@@ -85,5 +86,5 @@ def test_steps_run_in_inference_mode(lm):
         threaded.generate([5, 6, 7], _params(4))
         threaded.stop()
     finally:
-        handle.remove()
+        handle()
     assert len(grad_modes) >= 8 and not any(grad_modes)

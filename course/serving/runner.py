@@ -19,6 +19,8 @@ returning ``(logits of the last position (rows, 1, vocab), cache)``:
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,6 +149,7 @@ class LlamaRunner:
             raise ValueError(f"LlamaRunner cannot run this model: {reason}")
         config = model.config
         self.model = model
+        self._observers = _OBSERVERS.setdefault(model, [])  # shared: observers added later are seen
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -186,7 +189,8 @@ class LlamaRunner:
         import torch
         import torch.nn.functional as F
 
-        _call_pre_hooks(self.model, input_ids)
+        for observe in self._observers:
+            observe(input_ids)
         rows, new = input_ids.shape
         past = 0 if cache.layers[0].keys is None else cache.layers[0].keys.shape[-2]
         if position_ids is None:
@@ -314,11 +318,25 @@ def _attend(q, k, v, mask, new: int, kv_heads: int):
     return out.transpose(1, 2).reshape(rows, new, heads * dim)
 
 
-def _call_pre_hooks(model: Any, input_ids) -> None:
-    """Run the forward pre-hooks registered on ``model`` (for example
-    :class:`course.serving.testing.ForwardLog`), as calling the model would."""
-    for hook_id, hook in list(model._forward_pre_hooks.items()):
-        if hook_id in model._forward_pre_hooks_with_kwargs:
-            hook(model, (), {"input_ids": input_ids})
-        else:
-            hook(model, (input_ids,))
+# Observers of the lean runner's forward passes, per model: its passes do not go through the model's
+# forward(), so torch's forward hooks do not see them (see observe_forward).
+_OBSERVERS: weakref.WeakKeyDictionary[Any, list[Callable[[Any], None]]] = weakref.WeakKeyDictionary()
+
+
+def observe_forward(model: Any, callback: Callable[[Any], None]) -> Callable[[], None]:
+    """Call ``callback(input_ids)`` (a (rows, new) tensor) before every forward pass a
+    :class:`LlamaRunner` makes over ``model``'s weights; returns the function that stops it.
+
+    The runner computes the layers itself instead of calling ``model.forward()``, so a tool that
+    watches passes with ``register_forward_pre_hook`` (``course.serving.testing.ForwardLog``,
+    ``course.grading.DecodeProbe``) registers here as well. Passes that do go through the model
+    (:class:`TransformersRunner`) reach its torch hooks only, so no pass is seen twice.
+    """
+    callbacks = _OBSERVERS.setdefault(model, [])
+    callbacks.append(callback)
+
+    def remove() -> None:
+        if callback in callbacks:
+            callbacks.remove(callback)
+
+    return remove

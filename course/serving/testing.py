@@ -49,7 +49,7 @@ class ForwardLog:
         self.model = lm.model
         self.shapes: list[tuple[int, int]] = []
         self._lock = threading.Lock()
-        self._handle = None
+        self._undo: list = []
 
     def _hook(self, module, args, kwargs) -> None:
         ids = kwargs.get("input_ids")
@@ -70,13 +70,17 @@ class ForwardLog:
         return sum(1 for _, n in self.shapes if n == 1)
 
     def __enter__(self) -> ForwardLog:
-        self._handle = self.model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        from course.serving.runner import observe_forward
+
+        handle = self.model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        stop_observing = observe_forward(self.model, lambda input_ids: self._hook(self.model, (input_ids,), {}))
+        self._undo = [handle.remove, stop_observing]
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        for undo in self._undo:
+            undo()
+        self._undo = []
 
 
 @contextmanager

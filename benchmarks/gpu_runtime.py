@@ -14,12 +14,21 @@ leaves what it measured.
     .venv/bin/python benchmarks/gpu_runtime.py --out gpu_runtime.json          # on the GPU machine
     .venv/bin/python benchmarks/gpu_runtime.py --dry-run --out /tmp/dry.json   # anywhere: CPU, seconds
 
+Then the final lab (module 6): where vLLM's GPU build of the release the course follows
+(``course.vllm_release``) is installed, it runs the lab's phases against ``vllm serve`` on the real small
+model (``course.models.HUB_MODEL``; the course's tiny model when the Hub cannot be reached) with a KV
+cache of 128 blocks of 16 tokens (the 2,048 tokens of the recorded CPU run) and records the lab's figures:
+the startup log's KV line, what ``/metrics`` counted in each phase, ``vllm bench serve``'s percentiles and
+the simulator's held-out error. Without vLLM the JSON says why.
+
 ``--dry-run`` checks the whole pipeline on a CPU without a GPU: it reads every notebook, checks that
 nbclient and a Jupyter kernel are there, and measures the module-1 figures on the tiny model with
 quick sweeps (figures that mean nothing; the point is that the script and its JSON work), with the
 static-cache step run eagerly and checked against the dynamic cache; the CUDA-graph part reports
-why it did not run. It executes no notebook. CI runs it (tests/test_gpu_runtime.py). The README
-("GPU runtime") gives the one command a machine without Jupyter runs, with the wheels to carry.
+why it did not run. The lab's figures come from the run recorded with vLLM's CPU build that ships with
+the course, through the same code. It executes no notebook and starts no server. CI runs it
+(tests/test_gpu_runtime.py). The README ("GPU runtime") gives the one command a machine without Jupyter
+runs, with the wheels to carry.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from notebook_runtime import run_notebook  # noqa: E402  (the benchmarks folder is not a package)
 
-from course import graphs, hardware, phases  # noqa: E402
+from course import graphs, hardware, phases, vllm_lab  # noqa: E402
 
 # Substrings of torch.cuda.get_device_name() -> the catalogue entry with that card's datasheet.
 DATASHEET_NAMES = [
@@ -115,6 +124,68 @@ def module1_figures(device: str, quick: bool, tiny: bool) -> dict:
     return result
 
 
+# vllm serve on a GPU for the lab: the CPU run's 2,048 KV tokens as 128 blocks of vLLM's CUDA block size
+# (16, course.kv.vllm.BLOCK_SIZE), so the same loads preempt and are refused; half the card is plenty for 0.5 B.
+LAB_GPU_ARGS = [
+    "--max-model-len", "512", "--num-gpu-blocks-override", "128", "--max-num-queued-reqs", "16",
+    "--gpu-memory-utilization", "0.5", "--disable-uvicorn-access-log",
+]  # fmt: skip
+
+
+def lab_figures(run: vllm_lab.RecordedRun, device: hardware.HardwareSpec | str = "CPU") -> dict:
+    """The lab's figures from a run (live or recorded): the KV line, counters per phase, the benchmark's
+    percentiles, the simulator's held-out error and, where the run has it, the reference-server comparison."""
+    figures: dict = {
+        "recorded_utc": run.meta["recorded_utc"],
+        "command": run.meta["command"],
+        "startup_line": run.startup.line,
+        "counters": {},
+        "bench_ms": {f"{q}_{m}": run.bench[f"{q}_{m}_ms"] for m in ("ttft", "tpot", "itl") for q in ("p50", "p99")},
+    }
+    for phase in run.meta["phases"]:
+        c = run.counters(phase)
+        figures["counters"][phase] = {
+            "prefix_hit_rate": c.prefix_hit_rate,
+            "preemptions": c.preemptions,
+            "admission_rejections": c.admission_rejections,
+        }
+    if run.startup.device == "CPU" and (run.root / "model_config.json").exists():
+        args = run.meta["serve_args"]
+        figures["predicted_line"] = vllm_lab.predicted_budget(
+            run.root / "model_config.json", max_model_len=run.startup.max_model_len, dtype="float32",
+            kv_cache_memory_bytes=int(args[args.index("--kv-cache-memory-bytes") + 1]),
+        ).log_line  # fmt: skip
+    figures["heldout_errors"] = vllm_lab.predict_heldout(run, device=device).errors
+    if "reference" in run.benches:
+        figures["server_comparison"] = vllm_lab.server_comparison(run)
+    return figures
+
+
+def vllm_lab_stage(dry_run: bool, out_dir: Path, device_name: str = "") -> dict:
+    """The lab on this runtime: the recorded CPU run's figures on a dry run, a live GPU run when vLLM is
+    installed, else why not."""
+    if dry_run:
+        return {
+            "live": False,
+            "why": "dry run: the figures of the recorded CPU run",
+            **lab_figures(vllm_lab.load_recorded_run()),
+        }
+    if missing := vllm_lab.vllm_missing():
+        return {"live": False, "why": missing}
+    from course.models import HUB_MODEL, save_tiny_model
+
+    sheet = datasheet_for(device_name) or hardware.gpu("A100-40GB")
+    try:
+        run = vllm_lab.record_run(out_dir / "vllm_lab_run", HUB_MODEL, LAB_GPU_ARGS, plan=vllm_lab.LabPlan.quick())
+        model = HUB_MODEL
+    except (RuntimeError, OSError) as err:  # no Hub: the tiny model, built offline
+        print(f"vLLM on {HUB_MODEL} failed ({str(err).splitlines()[0][:200]}); the tiny model instead", flush=True)
+        tiny = save_tiny_model(out_dir / "tiny-model")
+        run = vllm_lab.record_run(out_dir / "vllm_lab_run", tiny, LAB_GPU_ARGS, plan=vllm_lab.LabPlan.quick())
+        model = "the course's tiny model"
+    return {"live": True, "model": model, "datasheet_for_the_simulator": sheet.name, **lab_figures(run, sheet)}
+
+
 def check_jupyter() -> str | None:
     """None when nbclient and a python3 kernel are installed, else what is missing."""
     try:
@@ -134,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="CPU check of the pipeline; executes no notebook")
     parser.add_argument("--quick", action="store_true", help="run the notebooks in quick mode (figures stay full)")
     parser.add_argument("--skip-notebooks", action="store_true", help="measure module 1's figures only")
+    parser.add_argument("--skip-lab", action="store_true", help="leave out the final lab (vLLM itself)")
     return parser
 
 
@@ -183,6 +255,14 @@ def main(argv: list[str] | None = None) -> int:
         save()
         print(f"{name}: {seconds:.1f} s{'  ERRORS: ' + '; '.join(errors) if errors else ''}", flush=True)
     save()
+    if not args.skip_lab:
+        started = time.perf_counter()
+        report["vllm_lab"] = vllm_lab_stage(args.dry_run, args.out.resolve().parent, report["device"])
+        report["vllm_lab"]["seconds"] = time.perf_counter() - started
+        save()
+        lab = report["vllm_lab"]
+        print(f"final lab: {'live' if lab['live'] else 'not live'} ({lab.get('why') or lab.get('model')})"
+              + (f"; {lab['startup_line']}" if "startup_line" in lab else ""), flush=True)  # fmt: skip
     print(f"wrote {args.out}")
     failed = any(nb.get("errors") for nb in report["notebooks"].values())
     return 1 if failed else 0

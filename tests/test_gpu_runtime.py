@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_runtime  # noqa: E402
+import pytest  # noqa: E402
 
 
 def test_dry_run_reads_every_notebook_and_measures_module1_figures(tmp_path):
@@ -29,6 +30,34 @@ def test_dry_run_reads_every_notebook_and_measures_module1_figures(tmp_path):
     assert set(m1["decode_steps_static_eager"]) == set(m1["decode_steps"])
     check = m1["static_cache_check"]
     assert check["compared"] == "eager static-cache steps" and check["max_abs_difference"] < 1e-4
+    # The final lab: on a dry run, the recorded CPU run's figures through the code a GPU run uses.
+    lab = report["vllm_lab"]
+    assert lab["live"] is False and "dry run" in lab["why"]
+    assert lab["startup_line"] == lab["predicted_line"], "the course's calculator predicts the recorded log line"
+    counters = lab["counters"]
+    assert counters["prefix_shared"]["prefix_hit_rate"] > 0 == counters["prefix_timestamp"]["prefix_hit_rate"]
+    assert counters["preemption"]["preemptions"] > 0 and counters["admission"]["admission_rejections"] > 0
+    assert set(lab["heldout_errors"]) == {"ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "output_throughput"}
+    assert set(lab["server_comparison"]) == {"vLLM", "course serve"}
+
+
+def test_without_vllm_the_lab_stage_says_why_and_starts_nothing(tmp_path, monkeypatch):
+    from course import vllm_lab
+
+    monkeypatch.setattr(vllm_lab, "vllm_missing", lambda: "vLLM is not installed in this Python (pip install vllm)")
+    monkeypatch.setattr(vllm_lab, "record_run", lambda *a, **k: pytest.fail("no vLLM: nothing may start"))
+    lab = gpu_runtime.vllm_lab_stage(False, tmp_path, "NVIDIA L4")
+    assert lab == {"live": False, "why": "vLLM is not installed in this Python (pip install vllm)"}
+
+
+def test_the_lab_on_a_gpu_keeps_the_cpu_runs_kv_capacity():
+    """128 blocks of vLLM's GPU block size hold the 2,048 tokens of the recorded CPU run (16 x 128)."""
+    from course import kv, vllm_lab
+
+    args = gpu_runtime.LAB_GPU_ARGS
+    blocks = int(args[args.index("--num-gpu-blocks-override") + 1])
+    assert blocks * kv.vllm.BLOCK_SIZE == vllm_lab.load_recorded_run().startup.kv_tokens
+    assert args[args.index("--max-model-len") + 1] == "512"
 
 
 def test_cuda_device_names_map_to_their_datasheets():

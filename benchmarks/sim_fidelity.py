@@ -54,7 +54,7 @@ from pathlib import Path
 
 from _processes import CLIENT_CORE, SERVER_CORE, pinned, single_thread_env, start_server, stop
 
-from course import metrics
+from course import metrics, noise
 from course.capacity import decode_sample, prefill_sample, server_sim_config
 from course.sim import LinearCost, SimConfig, StepSample, simulate
 from course.trace import load_traces
@@ -138,6 +138,21 @@ def merge_rounds(rounds: list[list[StepSample]]) -> list[StepSample]:
         merged.append(StepSample(first.prefill_tokens, first.decode_tokens, first.kv_tokens_read, seconds,
                                  deviations=deviations))  # fmt: skip
     return merged
+
+
+def noise_verdict(rounds: list[list[StepSample]], load_per_core: float | None) -> str:
+    """Whether the machine was quiet enough for the errors to measure the simulator: how far the
+    calibration rounds' medians of one microbenchmark lie apart, and the load per core after the run."""
+    widest = 0.0
+    if len(rounds) > 1:
+        widest = max(noise.relative_spread(noise.Spread.of([s.seconds for s in same])) for same in zip(*rounds))
+    facts = f"the calibration rounds differ by up to {widest:.0%} on one microbenchmark" if len(rounds) > 1 else (
+        "one calibration round (no spread across rounds)")  # fmt: skip
+    load = "unknown" if load_per_core is None else f"{load_per_core:.2f}"
+    busy = (load_per_core is not None and load_per_core > noise.BUSY_LOAD_PER_CORE) or widest > noise.DEFAULT_TOLERANCE
+    verdict = ("so the errors above measure the machine more than the simulator: rerun on a quiet one" if busy
+               else "quiet enough: the errors above are the simulator's")  # fmt: skip
+    return f"noise: {facts}, load average {load} per core after the run; {verdict}"
 
 
 def saturation_rate(config: SimConfig, cost: LinearCost, prompt: int, output: int, n: int) -> float:
@@ -276,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                          str(args.requests), "--prompt-tokens", str(args.prompt_tokens), "--output-tokens",
                          str(args.output_tokens), "--seed", "303")  # fmt: skip
         during = load_average()
+        run_load = noise.load_per_core()
         if args.engine == "vllm":
             breakdown = vllm_breakdown(before, vllm_metric_sums(args.port))
         else:
@@ -326,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{load_average()} at the end")
-    print("all targets met" if ok else f"missed: {', '.join(missed)} (on a busy machine, rerun on a quiet one)")
+    print("all targets met" if ok else f"missed: {', '.join(missed)}")
+    print(noise_verdict(rounds, run_load))
     return 0
 
 

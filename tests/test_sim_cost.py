@@ -245,3 +245,12 @@ def test_the_vllm_breakdown_names_the_part_the_simulator_misses(capsys):
     assert "queue 10.00 + prefill 15.00 + the rest 25.00 ms" in out and "before vLLM's clock 10.00 ms" in out
     assert "took 35.00 ms per request in the run against 10.00 ms fitted" in out and "it queues under load" in out
     assert "vLLM's own ITL is +20% off the simulated steps" in out and "vllm/platforms/cpu.py" in out
+
+
+def test_the_fidelity_benchmark_says_when_the_noise_decides():
+    quiet = [[StepSample(16, 0, 0, 0.010), StepSample(0, 4, 400, 0.004)]] * 3
+    assert "quiet enough" in sim_fidelity.noise_verdict(quiet, 0.2)
+    assert "measure the machine" in sim_fidelity.noise_verdict(quiet, 3.0)  # other programs on the cores
+    scattered = [quiet[0], [StepSample(16, 0, 0, 0.015), StepSample(0, 4, 400, 0.004)]]
+    verdict = sim_fidelity.noise_verdict(scattered, 0.2)
+    assert "differ by up to 40%" in verdict and "measure the machine" in verdict

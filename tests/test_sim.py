@@ -548,3 +548,16 @@ def test_async_scheduling_holds_a_finished_requests_slot_for_one_more_step(capsy
     assert json.loads(capsys.readouterr().out)["config"]["async_scheduling"] is True
     assert main([*args, "--no-async-scheduling"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["async_scheduling"] is False
+
+
+def test_held_blocks_count_as_used_and_come_back_by_name():
+    blocks = BlockManager(6, 4)
+    assert blocks.allocate("a", 5) and blocks.hold(3) and blocks.num_free_blocks == 1
+    assert not blocks.hold(2) and blocks.num_free_blocks == 1, "a hold that does not fit changes nothing"
+    blocks.release(2)
+    assert blocks.reserve("a", 16) and len(blocks.block_table("a")) == 4 and blocks.num_free_blocks == 1
+    blocks.check()
+    with pytest.raises(ValueError, match="held"):
+        blocks.release(2)
+    with pytest.raises(ValueError, match="prefix caching"):
+        BlockManager(6, 4, enable_prefix_caching=True).hold(1)

@@ -92,6 +92,7 @@ class BlockManager:
         self._tables: dict[str, list[int]] = {}
         self._tokens: dict[str, int] = {}  # tokens each request has room reserved for
         self._hashed: dict[str, int] = {}  # leading blocks of each request already registered in the cache
+        self._held: list[int] = []  # blocks taken for no request yet (hold / release)
         self.evictions = 0
 
     # --- state -------------------------------------------------------------------------------
@@ -209,6 +210,28 @@ class BlockManager:
             blocks.append(block)
         return blocks
 
+    def hold(self, count: int) -> bool:
+        """Take ``count`` blocks for requests not named yet (the fast engine's decodes, which name their
+        blocks only when they stop decoding); False (and no change) if fewer are free. No prefix
+        caching: which block a request gets must not matter."""
+        if self.enable_prefix_caching:
+            raise ValueError("hold() is for a cache without prefix caching, where block ids do not matter")
+        if count > len(self._free):
+            return False
+        self._held.extend(self._take(count))
+        return True
+
+    def release(self, count: int) -> None:
+        """Give ``count`` held blocks back to the free list (a request then takes them by name)."""
+        if not 0 <= count <= len(self._held):
+            raise ValueError(f"cannot release {count} blocks: {len(self._held)} are held")
+        if count:
+            blocks = self._held[len(self._held) - count :]
+            del self._held[len(self._held) - count :]
+            for block in blocks:
+                self._ref[block] = 0
+            self._free.extend(blocks)
+
     def free(self, request_id: str) -> None:
         """Release the request's blocks (finished or preempted).
 
@@ -265,7 +288,7 @@ class BlockManager:
 
     def check(self) -> None:
         """Assert the internal invariants (tests call this after every operation)."""
-        owned = [block for table in self._tables.values() for block in table]
+        owned = [block for table in self._tables.values() for block in table] + self._held
         counts: dict[int, int] = {}
         for block in owned:
             counts[block] = counts.get(block, 0) + 1

@@ -8,6 +8,16 @@ the next arrival. What makes it fast is what it does *not* keep:
   times only at the end by indexing the array of step end times;
 * no block-manager call per token: a request asks for blocks only when its next tokens cross its
   last block's boundary (every ``block_size`` decode steps);
+* no Python work per decode token (V1 without prefix caching): a request that decodes becomes
+  *lazy*, its counters frozen at the step it started and advanced by arithmetic when needed. A step
+  whose running requests fit the token budget and the free blocks serves them in any order with
+  the same result, so it counts the lazy decodes in bulk (their number, summed context, and, by
+  the step number modulo ``block_size``, how many cross into a new block, which are held unnamed);
+  only the decodes that emit their last token in it (a heap by step) and the prompts being chunked
+  are touched. Any other step (the budget binds, blocks run short, preemption) first gives every
+  lazy decode its counters and blocks back and runs the exact per-request loop;
+* no collector passes: the run makes no reference cycles, so the cyclic garbage collector is off
+  while it runs;
 * static batches are closed-form: one prefill and ``O - 1`` decode steps per batch, each request's
   tokens one run of steps.
 
@@ -18,6 +28,8 @@ It produces exactly what the readable reference (``course.sim.harness.run`` driv
 from __future__ import annotations
 
 import bisect
+import gc
+import heapq
 import time
 from array import array
 from collections import deque
@@ -56,6 +68,9 @@ class _Request:
         "queried_tokens",
         "error",
         "order",
+        "lazy",
+        "sync",
+        "phase",
     )
 
     def __init__(self, spec: RequestSpec) -> None:
@@ -77,6 +92,11 @@ class _Request:
         self.queried_tokens = 0
         self.error: str | None = None
         self.order = 0  # when it (last) joined the batch: the running list's order, for preemption victims
+        # a decode the fast path advances without touching it: its counters are those of the start of step
+        # `sync`, and it has computed one token in every step since (_IterativeRun._fast_running)
+        self.lazy = False
+        self.sync = 0
+        self.phase = 0  # it needs a new block in the steps s with (s + phase) % block_size == 0
 
     def start_run(self, step: int) -> None:
         """Begin a new run of consecutive token steps at ``step``, closing the current one (if any)."""
@@ -146,12 +166,20 @@ def simulate(workload: Workload, config: SimConfig | None = None, cost=None, nam
     requests = [_Request(spec) for spec in sorted(workload, key=lambda spec: spec.arrival_time)]
     _reject_impossible(requests, config)
     started = time.perf_counter()
-    if config.scheduler == "static":
-        log = _run_static(requests, config, cost)
-    else:
-        log = _run_iterative(requests, config, cost)
-    steps = log.freeze()
-    table = _table(requests)
+    # The run allocates no reference cycles; without this the cyclic collector would walk every live
+    # request again and again (a million requests: a third of the run's time).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if config.scheduler == "static":
+            log = _run_static(requests, config, cost)
+        else:
+            log = _run_iterative(requests, config, cost)
+        steps = log.freeze()
+        table = _table(requests)
+    finally:
+        if collecting:
+            gc.enable()
     wall = time.perf_counter() - started
     label = name or f"{config.scheduler}, {getattr(workload, 'name', 'workload')}"
     settings = config.to_dict()
@@ -296,6 +324,14 @@ class _IterativeRun:
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
         self.step = 0  # index of the step being scheduled
+        # The decode fast path (module docstring): V1 without prefix caching, where block ids do not matter.
+        self.fast = not self.prefill_first and not self.caching
+        self.decoders = 0  # lazy decodes (in self.running)
+        self.context = 0  # their computed tokens, summed, at the start of the step being scheduled
+        self.phases = [0] * bs  # lazy decodes by phase: (step + phase) % bs == 0 takes them a block
+        self.ends: list[tuple[int, int, _Request]] = []  # heap: (step of a lazy decode's last token, order, it)
+        self.held = 0  # blocks the lazy decodes took, held unnamed by the BlockManager
+        self.active: list[_Request] = []  # the running requests that are not lazy, in running order
 
     def run(self) -> _Log:
         """Step until every request has finished (or was rejected); jump over idle time to the next arrival."""
@@ -337,8 +373,15 @@ class _IterativeRun:
             )
         if self.prefill_first and not decode_only:
             budget = self._admit_whole_prompts(admitted, budget)
+        fast = slow = False
         if not admitted:
-            load, budget, preempted = self._schedule_running(budget, finished)
+            fast = self.fast and self._fast_running(budget, finished)
+            if fast:
+                load, budget = fast
+                preempted = False
+            else:
+                slow = self.fast and self._materialize()
+                load, budget, preempted = self._schedule_running(budget, finished)
             if not preempted and not self.prefill_first and self.waiting:  # V1 admits only without preemption
                 self._admit_chunks(admitted, budget)
         if admitted:
@@ -359,7 +402,131 @@ class _IterativeRun:
         self.step += 1
         if finished:
             self._retire(finished)
+        if self.fast:
+            self._lazify(self.running if slow else self.active)
         return end, bool(admitted)
+
+    # --- the decode fast path --------------------------------------------------------------------
+
+    def _fast_running(self, budget: int, finished: list[_Request]) -> tuple[tuple, int] | None:
+        """The running part of a step in which nothing can be preempted or cut: lazy decodes in bulk.
+
+        When the running requests' tokens fit the budget and their new blocks fit the free blocks,
+        the order in which they are served changes nothing: each lazy decode computes one token, the
+        step's decode load is their count and their summed context, the blocks they cross into are
+        held in bulk, and only the decodes that emit their last token now are touched (a heap by
+        step). The other running requests (prompts in chunks) take the usual path. Returns
+        (the step's load so far, budget left), or None when the step needs the exact path.
+        """
+        step, bs, decoders = self.step, self.bs, self.decoders
+        crossings = self.phases[-step % bs] if decoders else 0
+        tokens, new_blocks, cap = decoders, crossings, self.cap
+        active = self.active
+        for r in active:
+            n = r.num_tokens - r.computed
+            if 0 < cap < n:
+                n = cap
+            tokens += n
+            if r.computed + n > r.capacity:
+                new_blocks += cdiv(r.computed + n, bs) - r.capacity // bs
+        if tokens > budget or new_blocks > self.blocks.num_free_blocks:
+            return None
+        if crossings:
+            self.blocks.hold(crossings)
+            self.held += crossings
+        context = self.context
+        prefill, decode, kv_read, pairs, seqs = 0, decoders, context, context + decoders, decoders
+        reserve = self.blocks.reserve
+        for r in active:  # _schedule_running's loop, without preemption (the blocks were counted)
+            c = r.computed
+            num_tokens = r.num_tokens
+            n = num_tokens - c
+            if 0 < cap < n:
+                n = cap
+            after = c + n
+            if after > r.capacity:
+                reserve(r.rid, after)
+                r.capacity = cdiv(after, bs) * bs
+            if n == 1 and r.generated and c == num_tokens - 1:
+                decode += 1
+                pairs += c + 1
+            else:
+                prefill += n
+                pairs += n * c + n * (n + 1) // 2
+            kv_read += c
+            seqs += 1
+            r.computed = after
+            if after == num_tokens and _sample(r, step):
+                finished.append(r)
+        ends = self.ends
+        while ends and ends[0][0] == step:  # lazy decodes whose last token this step is
+            r = heapq.heappop(ends)[2]
+            self._catch_up(r, step + 1)
+            self._name_blocks(r)
+            r.lazy = False
+            self.decoders -= 1
+            self.context -= r.computed - 1
+            self.phases[r.phase] -= 1
+            finished.append(r)
+        self.context += self.decoders  # every other lazy decode computed one more token
+        return (prefill, decode, kv_read, pairs, seqs), budget - tokens
+
+    def _catch_up(self, r: _Request, step: int) -> None:
+        """Bring a lazy decode's counters to the start of ``step``: one token per step since ``r.sync``."""
+        k = step - r.sync
+        if k:
+            if r.last_step != r.sync - 1:  # its first lazy token did not follow its last token
+                r.start_run(r.sync)
+            r.computed += k
+            r.num_tokens += k
+            r.generated += k
+            r.last_step = step - 1
+
+    def _name_blocks(self, r: _Request) -> None:
+        """Move the blocks a lazy decode crossed into from the held pool to its own table."""
+        after = r.computed
+        if after > r.capacity:
+            more = cdiv(after, self.bs) - r.capacity // self.bs
+            self.blocks.release(more)
+            self.held -= more
+            self.blocks.reserve(r.rid, after)
+            r.capacity = cdiv(after, self.bs) * self.bs
+
+    def _materialize(self) -> bool:
+        """Before an exact step: every lazy decode gets its counters and its blocks by name. Returns True."""
+        if self.decoders:
+            self.blocks.release(self.held)
+            self.held = 0
+            step, bs = self.step, self.bs
+            for r in self.running:
+                if r.lazy:
+                    self._catch_up(r, step)
+                    if r.computed > r.capacity:
+                        self.blocks.reserve(r.rid, r.computed)
+                        r.capacity = cdiv(r.computed, bs) * bs
+                    r.lazy = False
+            self.decoders = self.context = 0
+            self.phases = [0] * bs
+            self.ends = []
+        return True
+
+    def _lazify(self, candidates: list[_Request]) -> None:
+        """After a step: the running ``candidates`` that now decode become lazy; the rest stay active."""
+        step, bs, active = self.step, self.bs, []
+        for r in candidates:
+            if r.generated >= r.output or r.lazy:  # finished (and gone), or lazy already
+                continue
+            if r.generated and r.num_tokens - r.computed == 1:
+                r.lazy = True
+                r.sync = step
+                r.phase = (r.computed - step) % bs
+                self.phases[r.phase] += 1
+                self.decoders += 1
+                self.context += r.computed
+                heapq.heappush(self.ends, (step + r.output - r.generated - 1, r.order, r))
+            else:
+                active.append(r)
+        self.active = active
 
     def _free_finishing(self) -> None:
         """Async scheduling: free the blocks of the requests that finished in the last step."""
@@ -440,6 +607,8 @@ class _IterativeRun:
         r.scheduled_steps.append(self.step)
         self.admissions += 1
         r.order = self.admissions
+        if self.fast:
+            self.active.append(r)
         self._register(r, computed + n)  # later admissions in this step can hit these blocks
 
     def _register(self, r: _Request, after: int) -> None:
@@ -571,8 +740,11 @@ class _IterativeRun:
         else:
             for r in finished:
                 self.blocks.free(r.rid)
-        # A request has finished when it generated all its tokens; none of the others has.
-        self.running = [r for r in self.running if r.generated < r.output]
+        if len(finished) < 16:  # a few: list.remove finds each by identity in C, without a Python loop
+            for r in finished:
+                self.running.remove(r)
+        else:  # a request has finished when it generated all its tokens (a lazy decode's count lags: not finished)
+            self.running = [r for r in self.running if r.generated < r.output]
 
 
 def _run_static(requests: list[_Request], config: SimConfig, cost) -> _Log:

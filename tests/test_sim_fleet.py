@@ -185,6 +185,22 @@ def test_plan_capacity_sizes_and_prices_every_fitting_shape():
     assert "GPUs" in holding[0].describe()
 
 
+def test_plan_capacity_reports_shapes_over_the_gpu_limit_without_simulating_them():
+    slo = capacity.SLO("chat", ttft=1.0, tpot=0.05)
+    plans = F.plan_capacity(
+        "Llama-3-8B",
+        lambda rate: workload.poisson(rate, 30, 200, 20, seed=0),
+        50.0,
+        slo,
+        {"H100-SXM": 3.0},
+        tp_sizes=(1,),
+        rate_bracket=(0.5, 8.0),  # at most 8 req/s per replica: 50 req/s needs 7 replicas
+        max_gpus=2,
+    )
+    assert len(plans) == 1 and not plans[0].holds and plans[0].replicas > 2
+    assert "needs more than max_gpus=2" in plans[0].note
+
+
 def test_plan_capacity_skips_shapes_that_do_not_fit():
     slo = capacity.SLO("chat", ttft=2.0, tpot=0.1)
     plans = F.plan_capacity(

@@ -422,6 +422,12 @@ def plan_capacity(
                     plans.append(Plan(gpu, tp, pp, 0, 0.0, False, math.inf, note="holds the SLO at no rate"))
                     continue
                 replicas = capacity.replicas_needed(target_rate, found.rate, headroom)
+                if replicas * tp * pp > max_gpus:
+                    plans.append(
+                        Plan(gpu, tp, pp, replicas, found.rate, False, replicas * tp * pp * price,
+                             note=f"needs more than max_gpus={max_gpus} GPUs; not simulated")
+                    )  # fmt: skip
+                    continue
                 traffic = make_workload(target_rate)
                 for extra in range(max_extra_replicas + 1):
                     n = replicas + extra

@@ -157,10 +157,13 @@ def test_the_startup_log_parser_reads_the_last_capacity_line_and_says_when_there
 
 
 def test_bench_traces_keep_failed_requests_as_failures_and_need_the_detailed_json():
-    result = {"start_times": [0.0, 0.0], "ttfts": [0.1, 0.0], "itls": [[0.01, 0.02], []], "output_lens": [3, 0],
-              "errors": ["", "HTTP 503"]}  # fmt: skip
-    ok, failed = vllm_lab.bench_traces(result)
-    assert ok.chunk_times == pytest.approx([0.1, 0.11, 0.13]) and ok.output_tokens == 3
+    result = {"start_times": [0.0, 0.0, 1.0], "ttfts": [0.1, 0.0, 0.2], "itls": [[0.01, 0.02], [], [0.05]],
+              "output_lens": [3, 0, 4], "errors": ["", "HTTP 503", ""], "input_lens": [7, 8, 9]}  # fmt: skip
+    ok, failed, bundled = vllm_lab.bench_traces(result)
+    assert ok.chunk_times == pytest.approx([0.1, 0.11, 0.13]) and ok.chunk_tokens == [1, 1, 1]
+    assert (ok.output_tokens, ok.prompt_tokens) == (3, 7)
+    # vllm bench serve counts one token per chunk and the last chunk carries the rest (calculate_metrics)
+    assert bundled.chunk_tokens == [1, 3] and bundled.output_tokens == 4
     assert not failed.succeeded and failed.error == "HTTP 503"
     with pytest.raises(ValueError, match="--save-detailed"):
         vllm_lab.bench_traces({"ttfts": [0.1]})

@@ -86,7 +86,7 @@ class BlockManager:
         self._free: OrderedDict[int, None] | list[int] = (
             OrderedDict.fromkeys(range(num_blocks)) if enable_prefix_caching else list(range(num_blocks - 1, -1, -1))
         )
-        self._ref = [0] * num_blocks
+        self._ref = [0] * num_blocks  # owners of each block; kept with prefix caching only (shared blocks)
         self._hash: list[Hashable | None] = [None] * num_blocks
         self._cached: dict[Hashable, int] = {}  # block hash -> block holding that prefix
         self._tables: dict[str, list[int]] = {}
@@ -144,6 +144,8 @@ class BlockManager:
         """Free blocks a new request of ``num_tokens`` tokens would take (vLLM's ``get_num_blocks_to_allocate``):
         the blocks beyond its prefix-cache hits, plus the hits that sit in the free queue (touching them
         takes them out of it)."""
+        if not cached_blocks:
+            return cdiv(num_tokens, self.block_size)
         evictable_hits = sum(1 for block in cached_blocks if self._ref[block] == 0)
         return self.blocks_needed(num_tokens) - len(cached_blocks) + evictable_hits
 
@@ -191,11 +193,9 @@ class BlockManager:
         return True
 
     def _take(self, count: int) -> list[int]:
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching:  # one owner per block: the tables say who, no count to keep
             blocks = self._free[len(self._free) - count :]
             del self._free[len(self._free) - count :]
-            for block in blocks:
-                self._ref[block] = 1
             return blocks
         blocks = []
         for _ in range(count):
@@ -228,8 +228,6 @@ class BlockManager:
         if count:
             blocks = self._held[len(self._held) - count :]
             del self._held[len(self._held) - count :]
-            for block in blocks:
-                self._ref[block] = 0
             self._free.extend(blocks)
 
     def free(self, request_id: str) -> None:
@@ -244,8 +242,6 @@ class BlockManager:
         del self._tokens[request_id]
         del self._hashed[request_id]
         if not self.enable_prefix_caching:
-            for block in table:
-                self._ref[block] = 0
             self._free.extend(reversed(table))
             return
         for block in reversed(table):
@@ -292,11 +288,14 @@ class BlockManager:
         counts: dict[int, int] = {}
         for block in owned:
             counts[block] = counts.get(block, 0) + 1
-        for block in range(self.num_blocks):
-            assert self._ref[block] == counts.get(block, 0), f"block {block}: ref count {self._ref[block]}"
-            assert (self._ref[block] == 0) == (block in self._free), f"block {block}: free-queue membership"
-        if not self.enable_prefix_caching:
+        if self.enable_prefix_caching:
+            for block in range(self.num_blocks):
+                assert self._ref[block] == counts.get(block, 0), f"block {block}: ref count {self._ref[block]}"
+                assert (self._ref[block] == 0) == (block in self._free), f"block {block}: free-queue membership"
+        else:
             assert len(set(owned)) == len(owned), "a block is owned twice without prefix caching"
+            assert not set(owned) & set(self._free), "a block is both owned and free"
+            assert len(owned) + len(self._free) == self.num_blocks, "a block is neither owned nor free"
         for request_id, table in self._tables.items():
             need = self.blocks_needed(self._tokens[request_id])
             assert len(table) == need, f"request {request_id}: {len(table)} blocks for {need} blocks of tokens"

@@ -19,12 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from course import kv
+from course import kv, vllm_lab
 from course import vllm_release as release
 from course.hardware import GiB
 from course.metrics import summarize
 from course.models import save_tiny_model
-from course.trace import RequestTrace
 
 MAX_MODEL_LEN = 512
 KV_SPACE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE
@@ -80,14 +79,12 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def vllm_server(model_dir, tmp_path_factory):
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB), "HF_HUB_OFFLINE": "1"}
-    command = [
-        str(BIN / "vllm"), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(_free_port()),
-        "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--served-model-name", "tiny",
-    ]  # fmt: skip
-    server = _Server(command, tmp_path_factory.mktemp("logs") / "vllm.log", env, "/health")
-    yield server
-    server.stop()
+    args = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN)]
+    log = tmp_path_factory.mktemp("logs") / "vllm.log"
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB)}
+    server = vllm_lab.VLLMServer(model_dir, log, args, env=env, start_timeout=START_TIMEOUT_S)
+    with server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -229,17 +226,7 @@ def test_vllm_bench_serve_and_course_metrics_agree_on_the_same_chunk_times(vllm_
         check=True, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
     data = json.loads(result.read_text())
-    traces = []
-    for i, (start, first, gaps, produced) in enumerate(
-        zip(data["start_times"], data["ttfts"], data["itls"], data["output_lens"], strict=True)
-    ):
-        times = [start + first]
-        for gap in gaps:
-            times.append(times[-1] + gap)
-        tokens = [1] * len(times)
-        tokens[-1] += produced - len(times)  # the last chunk carries what the per-chunk count left
-        traces.append(RequestTrace(str(i), start, times, tokens, output_tokens=produced, finish_reason="length"))
-    ours = summarize(traces, percentiles=(50, 90, 99))
+    ours = summarize(vllm_lab.bench_traces(data), percentiles=(50, 90, 99))
     for metric in ("ttft", "tpot", "itl"):
         stats = getattr(ours, metric)
         assert stats.mean * 1e3 == pytest.approx(data[f"mean_{metric}_ms"], abs=1e-6), metric

@@ -51,8 +51,11 @@ FAST_MODULES = {
     "test_serving_runner.py",
     "test_serving_sampling.py",
     "test_sim.py",
+    "test_sim_fleet.py",
+    "test_sim_parallel.py",
     "test_sim_properties.py",
     "test_trace_metrics.py",
+    "test_vllm_lab.py",
     "test_workload.py",
 }
 

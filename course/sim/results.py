@@ -236,10 +236,9 @@ class RequestTable:
         keep = mask[owner]
         first, last = self.run_first[keep], self.run_last[keep]
         inside = last > first
-        counts = np.zeros(len(steps) + 1, dtype=np.int64)
-        np.add.at(counts, first[inside] + 1, 1)
-        np.add.at(counts, last[inside] + 1, -1)
-        counts = np.cumsum(counts[:-1])
+        size = len(steps) + 1
+        starts = np.bincount(first[inside] + 1, minlength=size)  # np.add.at, but fast
+        counts = np.cumsum(starts - np.bincount(last[inside] + 1, minlength=size))[:-1]
         gaps = np.empty(len(steps))
         gaps[1:] = steps.end[1:] - steps.end[:-1]
         used = np.flatnonzero(counts > 0)

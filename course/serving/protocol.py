@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from course import vllm_release
-from course.serving.sampler import INT64_MAX, INT64_MIN, MAX_LOGPROBS
+from course.serving.sampler import InvalidSamplingParam, SamplingParams
 
 DONE_EVENT = "data: [DONE]\n\n"
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # larger bodies get 413 (a 128k-token prompt is about 0.5 MB of text)
@@ -94,19 +94,18 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    top_k: int = 0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    logprobs: int | None = None  # alternatives per token to report (0: only the chosen token's); None: none
     echo: str | None = None  # completions with echo: the prompt's text, sent before the completion's
+    sampling: SamplingParams | None = None  # what the engine runs (None: greedy up to max_tokens)
+
+    def __post_init__(self) -> None:
+        if self.sampling is None:
+            self.sampling = SamplingParams(max_tokens=self.max_tokens)
+
+    @property
+    def logprobs(self) -> int | None:
+        """Alternatives per token to report (0: only the chosen token's); None: none."""
+        return self.sampling.logprobs
 
 
 @dataclass(frozen=True)
@@ -253,15 +252,6 @@ def _common(
         raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
     include_usage = _field(options, "include_usage", (bool,), default=True) if options else False
     continuous = _field(options, "continuous_usage_stats", (bool,), default=False) if options else False
-    temperature = float(_field(body, "temperature", (int, float), default=0.0))
-    if not 0 <= temperature <= 2:  # NaN fails too; 0 < t < 0.01 is raised to 0.01 by SamplingParams
-        raise BadRequest(f"'temperature' must be between 0 and 2, got {temperature}", "temperature")
-    top_p = float(_field(body, "top_p", (int, float), default=1.0))
-    if not 0 < top_p <= 1:
-        raise BadRequest(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
-    seed = _field(body, "seed", (int,))
-    if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
-        raise BadRequest(f"'seed' must be a signed 64-bit integer (in [{INT64_MIN}, {INT64_MAX}]), got {seed}", "seed")
     stop = _field(body, "stop", (str, list), default=[])
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) for s in stop):
@@ -285,15 +275,34 @@ def _common(
         stream=stream,
         include_usage=bool(stream and (include_usage or continuous)),
         continuous_usage=bool(stream and continuous),
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        ignore_eos=_field(body, "ignore_eos", (bool,), default=False),
         stop=stop,
-        stop_token_ids=stop_token_ids,
-        logprobs=_logprobs(body, kind),
-        **_logit_processing(body, ctx),
+        sampling=_sampling(body, ctx, kind, max_tokens, tuple(stop_token_ids)),
     )
+
+
+def _sampling(body: dict, ctx: ServingContext, kind: str, max_tokens: int, stop_token_ids: tuple[int, ...]):
+    """The request's sampling fields, type-checked here and range-checked by :class:`SamplingParams`
+    (the one place their ranges are written; its error names the field for the 400)."""
+    logprobs, logprobs_field = _logprobs(body, kind)
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=float(_field(body, "temperature", (int, float), default=0.0)),
+            top_p=float(_field(body, "top_p", (int, float), default=1.0)),
+            top_k=_field(body, "top_k", (int,), default=0),
+            seed=_field(body, "seed", (int,)),
+            ignore_eos=_field(body, "ignore_eos", (bool,), default=False),
+            stop_token_ids=stop_token_ids,
+            presence_penalty=float(_field(body, "presence_penalty", (int, float), default=0.0)),
+            frequency_penalty=float(_field(body, "frequency_penalty", (int, float), default=0.0)),
+            repetition_penalty=float(_field(body, "repetition_penalty", (int, float), default=1.0)),
+            logit_bias=_logit_bias(body, ctx),
+            logprobs=logprobs,
+        )
+    except InvalidSamplingParam as err:
+        if err.param == "logprobs" and logprobs_field != "logprobs":  # chat names the count top_logprobs
+            raise BadRequest(str(err).replace("'logprobs'", f"'{logprobs_field}'"), logprobs_field) from None
+        raise BadRequest(str(err), err.param) from None
 
 
 def _output_cap(
@@ -322,9 +331,10 @@ def _output_cap(
     return cap
 
 
-def _logprobs(body: dict, kind: str) -> int | None:
-    """How many alternatives per token to report, vLLM's way: completions send ``logprobs: N``;
-    chat sends ``logprobs: true`` and ``top_logprobs: N`` (0-20, vLLM's default ``max_logprobs``)."""
+def _logprobs(body: dict, kind: str) -> tuple[int | None, str]:
+    """How many alternatives per token to report, vLLM's way, and the field that said so: completions
+    send ``logprobs: N``; chat sends ``logprobs: true`` and ``top_logprobs: N`` (the range, 0-20, is
+    :class:`SamplingParams`'s)."""
     if kind == "completion":
         count = _field(body, "logprobs", (int,))
         name = "logprobs"
@@ -335,28 +345,14 @@ def _logprobs(body: dict, kind: str) -> int | None:
         if count and not wanted:
             raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         count = (count or 0) if wanted else None
-    if count is not None and not 0 <= count <= MAX_LOGPROBS:
-        raise BadRequest(f"'{name}' must be an integer in [0, {MAX_LOGPROBS}], got {count}", name)
-    return count
+    return count, name
 
 
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = float(_field(body, name, (int, float), default=default))
-    if not low <= value <= high:  # NaN fails too
-        raise BadRequest(f"'{name}' must be in [{low:g}, {high:g}], got {value}", name)
-    return value
-
-
-def _logit_processing(body: dict, ctx: ServingContext) -> dict:
-    """top_k, the penalties and logit_bias, validated as vLLM validates them (``SamplingParams``)."""
-    top_k = _field(body, "top_k", (int,), default=0)
-    if top_k < -1:
-        raise BadRequest(f"'top_k' must be 0 or -1 (all tokens) or at least 1, got {top_k}", "top_k")
-    repetition = float(_field(body, "repetition_penalty", (int, float), default=1.0))
-    if not 0 < repetition < float("inf"):
-        raise BadRequest(f"'repetition_penalty' must be a finite number > 0, got {repetition}", "repetition_penalty")
+def _logit_bias(body: dict, ctx: ServingContext) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as (token id, bias) pairs: keys must be token ids of this model's vocabulary
+    (the values are clamped to [-100, 100] by :class:`SamplingParams`)."""
     bias = _field(body, "logit_bias", (dict,), default={})
-    logit_bias = {}
+    pairs = {}
     for key, value in bias.items():
         token = int(key) if isinstance(key, str) and key.lstrip("-").isdigit() and len(key) < 20 else None
         if token is None or not 0 <= token < ctx.vocab_size:
@@ -365,14 +361,8 @@ def _logit_processing(body: dict, ctx: ServingContext) -> dict:
             )
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise BadRequest(f"'logit_bias' values must be numbers, got {_describe(value)}", "logit_bias")
-        logit_bias[token] = float(value)  # clamped to [-100, 100] by SamplingParams
-    return {
-        "top_k": max(top_k, 0),
-        "presence_penalty": _number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        "repetition_penalty": repetition,
-        "logit_bias": logit_bias,
-    }
+        pairs[token] = float(value)
+    return tuple(pairs.items())
 
 
 # vLLM's extra sampling fields that this server does not implement, with their "off" value

@@ -21,16 +21,32 @@ MAX_LOGIT_BIAS = 100.0
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs  # vLLM and OpenAI clamp logit_bias values to [-100, 100]
 
 
-@dataclass(frozen=True)
+def _require(ok: bool, param: str, problem: str) -> None:
+    if not ok:
+        raise InvalidSamplingParam(f"'{param}' {problem}", param)
+
+
+class InvalidSamplingParam(ValueError):
+    """A sampling parameter outside its range; ``param`` names the request field (the 400's ``param``)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(eq=False)
 class SamplingParams:
-    """How to generate for one request.
+    """How to generate for one request, validated once: the server's protocol parses a request's
+    fields straight into this, and its checks are the only ones (their messages are what a client's
+    400 says). Treated as read-only once made.
 
     Attributes:
         max_tokens: tokens to generate at most (>= 1).
-        temperature: 0 = greedy (the default here, so runs are reproducible); > 0 samples
-            (values below 0.01 are raised to 0.01, as vLLM does).
+        temperature: 0 = greedy (the default here, so runs are reproducible); > 0 samples, up to 2
+            (OpenAI's range); values below 0.01 are raised to 0.01, as vLLM does.
         top_p: nucleus sampling mass (0 < top_p <= 1), used when temperature > 0.
-        top_k: keep only the k most likely tokens (0 = all), used when temperature > 0.
+        top_k: keep only the k most likely tokens (0, or -1 as vLLM also accepts, = all), used when
+            temperature > 0.
         seed: seed of this request's sampler (None = unseeded), a signed 64-bit integer.
         ignore_eos: keep generating past end-of-sequence tokens (benchmarks use it for exact lengths).
         stop_token_ids: extra token ids that end the request (finish reason "stop").
@@ -59,42 +75,46 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if 0 < self.temperature < MIN_TEMPERATURE:
-            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be 0 (all tokens) or at least 1, got {self.top_k}")
-        if self.seed is not None and not INT64_MIN <= self.seed <= INT64_MAX:
-            raise ValueError(f"seed must be a signed 64-bit integer, in [{INT64_MIN}, {INT64_MAX}]; got {self.seed}")
+        _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
+        # the comparisons are written so that NaN fails them
+        _require(0 <= self.temperature <= 2, "temperature", f"must be between 0 and 2, got {self.temperature}")
+        _require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _require(self.top_k >= -1, "top_k", f"must be 0 or -1 (all tokens) or at least 1, got {self.top_k}")
+        seeds = f"a signed 64-bit integer (in [{INT64_MIN}, {INT64_MAX}])"
+        _require(self.seed is None or INT64_MIN <= self.seed <= INT64_MAX, "seed", f"must be {seeds}, got {self.seed}")
         for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
-        bias = tuple((int(t), max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, float(b)))) for t, b in self.logit_bias)
-        object.__setattr__(self, "logit_bias", bias)
+            _require(-2 <= getattr(self, name) <= 2, name, f"must be in [-2, 2], got {getattr(self, name)}")
+        _require(
+            0 < self.repetition_penalty < math.inf,
+            "repetition_penalty",
+            f"must be a finite number > 0, got {self.repetition_penalty}",
+        )
+        _require(
+            self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+            "logprobs",
+            f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}",
+        )
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE
+        self.top_k = max(self.top_k, 0)
+        self.logit_bias = tuple(
+            (int(t), max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, float(b)))) for t, b in self.logit_bias
+        )
         # Greedy with nothing that changes the logits: the batch's argmax is this row's token. Worked
         # out once here, not per row per step (the sampler asks it for every row of every step).
-        object.__setattr__(self, "plain_greedy", self.greedy and not self.adjusts_logits)
-        object.__setattr__(self, "stop_set", frozenset(self.stop_token_ids))  # O(1) membership per token
+        self.plain_greedy = self.greedy and not self.adjusts_logits
+        self.stop_set = frozenset(self.stop_token_ids)  # O(1) membership per token
+        self._bias_tensors = None
 
     def bias_tensors(self, device):
         """``logit_bias`` as (token ids, biases) tensors on ``device``, built once per params."""
         import torch
 
-        cached = self.__dict__.get("_bias_tensors")
+        cached = self._bias_tensors
         if cached is None or cached[0].device != torch.device(device):
             tokens = torch.tensor([t for t, _ in self.logit_bias], dtype=torch.long, device=device)
             biases = torch.tensor([b for _, b in self.logit_bias], dtype=torch.float32, device=device)
-            cached = (tokens, biases)
-            object.__setattr__(self, "_bias_tensors", cached)
+            cached = self._bias_tensors = (tokens, biases)
         return cached
 
     @property

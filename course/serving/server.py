@@ -48,7 +48,7 @@ from starlette.requests import ClientDisconnect
 
 from course.models import LanguageModel
 from course.serving.detok import IncrementalDetokenizer
-from course.serving.engine import Engine, EngineRequest, EngineStopped, SamplingParams
+from course.serving.engine import Engine, EngineRequest, EngineStopped
 from course.serving.engine_client import EngineClient
 from course.serving.protocol import (
     DEFAULT_CHAT_MAX_TOKENS,
@@ -174,22 +174,10 @@ class _Generation:
         self.request = request
         self.writer = ChunkWriter(request)
         self.detok = IncrementalDetokenizer(tokenizer, request.prompt_ids)
-        params = SamplingParams(
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=request.top_k,
-            seed=request.seed,
-            ignore_eos=request.ignore_eos,
-            stop_token_ids=tuple(request.stop_token_ids),
-            presence_penalty=request.presence_penalty,
-            frequency_penalty=request.frequency_penalty,
-            repetition_penalty=request.repetition_penalty,
-            logit_bias=tuple(request.logit_bias.items()),
-            logprobs=request.logprobs,
-        )
         try:
-            self.engine_request: EngineRequest = engine.submit(request.prompt_ids, params, request_id=self.writer.id)
+            self.engine_request: EngineRequest = engine.submit(
+                request.prompt_ids, request.sampling, request_id=self.writer.id
+            )
         except ValueError as err:  # validated already; kept so a gap in validation is still a 400
             raise BadRequest(str(err)) from None
         self.stop_holdback = max((len(stop) for stop in request.stop), default=1) - 1

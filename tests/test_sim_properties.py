@@ -216,7 +216,7 @@ def test_under_kv_pressure_preempted_requests_restart_and_still_finish(sizes, sc
     assert result.preemptions == run.preemptions
 
 
-@SETTINGS
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), configs(), st.sampled_from([0.05, 0.2, 1.0]), st.sampled_from([0.005, 0.02, 0.1]))
 def test_metrics_from_the_columns_equal_the_metrics_of_the_traces(work, config, ttft_slo, tpot_slo):
     """The engine keeps no time per token: its summary and goodput come from runs of steps and must

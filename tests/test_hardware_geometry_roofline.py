@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from course import geometry, hardware, roofline
+from course import geometry, hardware, kv, roofline
 
 
 def test_every_gpu_has_a_source_and_a_sane_ridge_point():
@@ -55,12 +55,12 @@ def test_geometry_errors_name_the_field():
 
 def test_seed_kv_numbers_and_their_gqa_counterpart():
     gib = 2**30
-    per_token = geometry.LLAMA2_7B.kv_bytes_per_token(2)
+    per_token = kv.get_model("Llama-2-7B").kv_bytes_per_token(2)
     assert per_token == 2**19  # 0.5 MiB
     assert per_token * 4096 == 2 * gib
     assert per_token * 131072 == 64 * gib
     assert per_token * 131072 * 8 == 512 * gib
-    assert geometry.LLAMA3_8B.kv_bytes_per_token(2) * 131072 == 16 * gib
+    assert kv.get_model("Llama-3-8B").kv_bytes_per_token(2) * 131072 == 16 * gib
 
 
 def test_linear_layer_intensity_and_bounds():
@@ -74,7 +74,7 @@ def test_linear_layer_intensity_and_bounds():
 
 
 def test_decode_batches_for_free_at_short_context_but_not_at_long():
-    h100, llama = hardware.gpu("H100-SXM"), geometry.LLAMA3_8B
+    h100, llama = hardware.gpu("H100-SXM"), kv.get_model("Llama-3-8B")
 
     def step(batch, context):
         return roofline.roofline_seconds(*roofline.decode_step_flops_bytes(llama, batch, context), h100)
@@ -85,7 +85,7 @@ def test_decode_batches_for_free_at_short_context_but_not_at_long():
 
 
 def test_roofline_leaves_out_the_embedding_and_runs_the_lm_head_only_where_logits_are_computed():
-    llama = geometry.LLAMA3_8B  # vocab 128,256 x hidden 4,096, untied: two 525M-parameter tables
+    llama = kv.get_model("Llama-3-8B")  # vocab 128,256 x hidden 4,096, untied: two 525M-parameter tables
     table = 128_256 * 4096
     assert llama.lm_head_params == table and llama.body_params == 8_030_261_248 - 2 * table
     n = 4096

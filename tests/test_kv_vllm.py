@@ -390,7 +390,6 @@ def test_course_simulate_reads_the_same_catalogue_and_the_gpus_vllm_defaults(cap
     from course.sim.cli import MODELS
 
     assert set(MODELS) == set(kv.catalogue())
-    assert kv.MODELS["Llama-3-8B"] == geometry.LLAMA3_8B  # the constants come from the catalogue
     args = ["simulate", "--model", "Qwen2.5-7B", "--requests", "20", "--rate", "5", "--json"]
     assert course_main([*args, "--gpu", "H100-SXM"]) == 0
     config = json.loads(capsys.readouterr().out)["config"]

@@ -245,6 +245,10 @@ def test_the_vllm_breakdown_names_the_part_the_simulator_misses(capsys):
     assert "queue 10.00 + prefill 15.00 + the rest 25.00 ms" in out and "before vLLM's clock 10.00 ms" in out
     assert "took 35.00 ms per request in the run against 10.00 ms fitted" in out and "it queues under load" in out
     assert "vLLM's own ITL is +20% off the simulated steps" in out and "vllm/platforms/cpu.py" in out
+    same = LinearCost(5e-3, 1e-4, 2e-4, 0, latency=0.030)
+    sim_fidelity.explain_vllm(breakdown, real, real, same, ["ttft p95", "itl p95"])
+    out = capsys.readouterr().out
+    assert "that part is as fitted" in out and "the means agree" in out and "shape of the step-time spread" in out
 
 
 def test_the_fidelity_benchmark_says_when_the_noise_decides():

@@ -371,6 +371,99 @@ def _bytes_arg(name: str, value: Any) -> float:
     return float(value)
 
 
+def _total_memory(spec: HardwareSpec, utilization: Any, gpu_memory_bytes: Any) -> float:
+    """The device's total (bytes) as vLLM sees it, after checking the two memory arguments."""
+    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+        raise ValueError(f"utilization: must be a number in (0, 1] (gpu_memory_utilization), got {utilization!r}")
+    if gpu_memory_bytes is None:
+        return spec.total_memory
+    if isinstance(gpu_memory_bytes, bool) or not isinstance(gpu_memory_bytes, (int, float)) or gpu_memory_bytes <= 0:
+        raise ValueError(f"gpu_memory_bytes: must be a positive number of bytes, got {gpu_memory_bytes!r}")
+    return float(gpu_memory_bytes)
+
+
+def _max_model_len(g: ModelGeometry, max_model_len: int | None) -> int:
+    if max_model_len is None:
+        if g.max_position_embeddings is None:
+            raise ValueError(f"max_model_len: {g.name} does not state max_position_embeddings; give max_model_len")
+        max_model_len = g.max_position_embeddings
+    _positive_int("max_model_len", max_model_len)
+    return max_model_len
+
+
+def _weights(
+    g: ModelGeometry,
+    spec: HardwareSpec,
+    dtype: str,
+    model_dtype: str,
+    weight_dtype: str | None,
+    weight_bytes: float | None,
+    kv_cache_memory_bytes: float | None,
+) -> tuple[float, str | None]:
+    """All weights' bytes (every GPU together), and a note when they are not needed and unknown."""
+    if weight_bytes is not None:
+        return _bytes_arg("weight_bytes", weight_bytes), None
+    if kv_cache_memory_bytes is not None and g.num_params is None:
+        # the KV size is given: vLLM does not budget the weights for it
+        return 0.0, "weights unknown (no parameter count): not needed, kv_cache_memory_bytes sets the KV cache"
+    # fp8 checkpoints keep fp8 weights whatever --dtype says; otherwise the weights are in the served dtype
+    served = None if dtype == "auto" or g.weight_dtype == "fp8" else model_dtype
+    return total_weight_bytes(g, weight_dtype or served, spec), None
+
+
+def _notes(
+    g: ModelGeometry,
+    spec: HardwareSpec,
+    tp: int,
+    kv: KVDtype,
+    dtype: str,
+    model_dtype: str,
+    profiled: bool,
+    groups: tuple[KVGroup, ...],
+    per_group: int,
+    block_size: int,
+    effective_block: int,
+    state_page: float,
+    in_flight: int,
+    max_num_batched_tokens: int,
+) -> list[str]:
+    """What the report should say about how this budget differs from the plain formula."""
+    notes = []
+    if model_dtype != (g.weight_dtype or "fp32") and g.weight_dtype != "fp8" and dtype == "auto":
+        notes.append(
+            f"the checkpoint is {g.weight_dtype or 'fp32'}: vLLM serves it in {model_dtype} on {spec.name} "
+            "(--dtype auto; give --dtype float32 to keep it)"
+        )
+    if not profiled:
+        notes.append(
+            "activation peak, non-torch and CUDA-graph memory not given (0): vLLM measures them at startup, so the "
+            "real budget is smaller"
+        )
+    if len({group.kind for group in groups}) > 1:
+        notes.append(
+            f"{len(groups)} KV-cache groups of {per_group} layers ({', '.join(sorted({gr.kind for gr in groups}))}): "
+            "each group has its own block table, a request takes blocks in every group"
+        )
+    if effective_block != block_size:
+        notes.append(
+            f"state layers hold {state_page / MiB:,.2f} MiB per sequence: vLLM raises the attention block size to "
+            f"{effective_block} tokens so one attention page holds one state page"
+        )
+    if g.num_sliding_layers:
+        notes.append(
+            f"{g.num_sliding_layers} of {g.num_layers} layers use a {g.sliding_window}-token window: vLLM budgets "
+            f"min(window - 1 + max_in_flight_tokens ({in_flight:,} = {in_flight // max_num_batched_tokens} x "
+            f"max_num_batched_tokens), max_model_len) tokens + 1 block for them"
+        )
+    if not g.is_mla and tp > g.num_kv_heads:
+        notes.append(f"tp {tp} > {g.num_kv_heads} KV heads: each GPU keeps a replica of one KV head")
+    if g.is_mla and tp > 1:
+        notes.append("MLA: every GPU keeps the whole latent cache (it has no heads to split)")
+    if kv.scale_bytes or kv.scale_block or kv.bits < 16:
+        notes.append(f"{kv.name}: {kv.note}; support and accuracy: confirm on your server and model")
+    return notes
+
+
 def budget(
     model: Any,
     gpu: str | HardwareSpec = "H100-SXM",
@@ -431,89 +524,43 @@ def budget(
     """
     g = get_model(model)
     spec = hardware.gpu(gpu) if isinstance(gpu, str) else gpu
-    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
-        raise ValueError(f"utilization: must be a number in (0, 1] (gpu_memory_utilization), got {utilization!r}")
-    if gpu_memory_bytes is not None and (
-        isinstance(gpu_memory_bytes, bool) or not isinstance(gpu_memory_bytes, (int, float)) or gpu_memory_bytes <= 0
-    ):
-        raise ValueError(f"gpu_memory_bytes: must be a positive number of bytes, got {gpu_memory_bytes!r}")
-    total = float(gpu_memory_bytes) if gpu_memory_bytes is not None else spec.total_memory
-    if max_model_len is None:
-        if g.max_position_embeddings is None:
-            raise ValueError(f"max_model_len: {g.name} does not state max_position_embeddings; give max_model_len")
-        max_model_len = g.max_position_embeddings
-    _positive_int("max_model_len", max_model_len)
+    total = _total_memory(spec, utilization, gpu_memory_bytes)
     cpu = spec.platform == "cpu"
+    max_model_len = _max_model_len(g, max_model_len)
     if block_size is None:
         block_size = vllm.mla_block_size(spec) if g.is_mla else vllm.CPU_BLOCK_SIZE if cpu else vllm.BLOCK_SIZE
     _positive_int("block_size", block_size, "a positive integer (vLLM allows 1, 8, 16, 32, 64, 128)")
     if async_scheduling is None:
         async_scheduling = not cpu and vllm.ASYNC_SCHEDULING
     state_pages = state_pages_per_request(mamba_cache_mode)
-    activation, non_torch = (
-        _bytes_arg("activation_bytes", activation_bytes),
-        _bytes_arg("non_torch_bytes", non_torch_bytes),
-    )
-    graphs, others = (
-        _bytes_arg("cuda_graph_bytes", cuda_graph_bytes),
-        _bytes_arg("other_process_bytes", other_process_bytes),
-    )
+    activation = _bytes_arg("activation_bytes", activation_bytes)
+    non_torch = _bytes_arg("non_torch_bytes", non_torch_bytes)
+    graphs = _bytes_arg("cuda_graph_bytes", cuda_graph_bytes)
+    others = _bytes_arg("other_process_bytes", other_process_bytes)
     if kv_cache_memory_bytes is not None:
         kv_cache_memory_bytes = _bytes_arg("kv_cache_memory_bytes", kv_cache_memory_bytes)
     if max_num_batched_tokens is None:
         max_num_batched_tokens = vllm.max_num_batched_tokens_default(spec, max_model_len)
     _positive_int("max_num_batched_tokens", max_num_batched_tokens)
+
+    # the cache's layout: dtypes, bytes per token and layer, the block, the KV-cache groups
     model_dtype = vllm.served_dtype(g.weight_dtype, spec, dtype)
     kv = get_kv_dtype(model_dtype if str(kv_dtype).lower() == "auto" else kv_dtype)
-    heads = kv_heads_per_gpu(g, tp)
     per_token_layer = layer_bytes_per_token(g, kv, tp) if g.num_attention_layers else 0
     state_page = state_bytes(g, model_dtype, tp)
     effective_block = hybrid_block_size(g, per_token_layer, state_page, block_size)
     in_flight = vllm.max_in_flight_tokens(max_num_batched_tokens, async_scheduling)
     groups, per_group = kv_cache_groups(g, max_model_len, in_flight, effective_block, state_pages)
     layer_page = effective_block * per_token_layer if per_token_layer else state_page
-    notes = []
-    if weight_bytes is not None:
-        total_weights = _bytes_arg("weight_bytes", weight_bytes)
-    elif kv_cache_memory_bytes is not None and g.num_params is None:
-        total_weights = 0.0  # the KV size is given: vLLM does not budget the weights for it
-        notes.append("weights unknown (no parameter count): not needed, kv_cache_memory_bytes sets the KV cache")
-    else:
-        # fp8 checkpoints keep fp8 weights whatever --dtype says; otherwise the weights are in the served dtype
-        served = None if dtype == "auto" or g.weight_dtype == "fp8" else model_dtype
-        total_weights = total_weight_bytes(g, weight_dtype or served, spec)
-    if model_dtype != (g.weight_dtype or "fp32") and g.weight_dtype != "fp8" and dtype == "auto":
-        notes.append(
-            f"the checkpoint is {g.weight_dtype or 'fp32'}: vLLM serves it in {model_dtype} on {spec.name} "
-            "(--dtype auto; give --dtype float32 to keep it)"
-        )
-    if kv_cache_memory_bytes is None and not activation and not non_torch and not graphs:
-        notes.append(
-            "activation peak, non-torch and CUDA-graph memory not given (0): vLLM measures them at startup, so the "
-            "real budget is smaller"
-        )
-    if len({group.kind for group in groups}) > 1:
-        notes.append(
-            f"{len(groups)} KV-cache groups of {per_group} layers ({', '.join(sorted({gr.kind for gr in groups}))}): "
-            "each group has its own block table, a request takes blocks in every group"
-        )
-    if effective_block != block_size:
-        notes.append(
-            f"state layers hold {state_page / MiB:,.2f} MiB per sequence: vLLM raises the attention block size to "
-            f"{effective_block} tokens so one attention page holds one state page"
-        )
-    if g.num_sliding_layers:
-        notes.append(
-            f"{g.num_sliding_layers} of {g.num_layers} layers use a {g.sliding_window}-token window: vLLM budgets "
-            f"min(window - 1 + max_in_flight_tokens ({in_flight:,} = {in_flight // max_num_batched_tokens} x "
-            f"max_num_batched_tokens), max_model_len) tokens + 1 block for them"
-        )
-    if not g.is_mla and tp > g.num_kv_heads:
-        notes.append(f"tp {tp} > {g.num_kv_heads} KV heads: each GPU keeps a replica of one KV head")
-    if g.is_mla and tp > 1:
-        notes.append("MLA: every GPU keeps the whole latent cache (it has no heads to split)")
-    if kv.scale_bytes or kv.scale_block or kv.bits < 16:
-        notes.append(f"{kv.name}: {kv.note}; support and accuracy: confirm on your server and model")
+
+    total_weights, weights_note = _weights(
+        g, spec, dtype, model_dtype, weight_dtype, weight_bytes, kv_cache_memory_bytes
+    )
+    profiled = kv_cache_memory_bytes is not None or bool(activation or non_torch or graphs)
+    notes = ([weights_note] if weights_note else []) + _notes(
+        g, spec, tp, kv, dtype, model_dtype, profiled, groups, per_group, block_size, effective_block, state_page,
+        in_flight, max_num_batched_tokens,
+    )  # fmt: skip
     return KVBudget(
         model=g.name,
         gpu=spec.name,
@@ -525,7 +572,7 @@ def budget(
         kv_dtype=kv.name,
         block_size=effective_block,
         tp=tp,
-        kv_heads_per_gpu=heads,
+        kv_heads_per_gpu=kv_heads_per_gpu(g, tp),
         bytes_per_token=g.num_attention_layers * per_token_layer,
         max_model_len=max_model_len,
         cuda_graphs=graphs,

@@ -373,6 +373,17 @@ def run(args: argparse.Namespace) -> int:
     if fleet["replicas"] != 1 or fleet["router"] != "round-robin":
         return _run_fleet(args, requests, config, cost, slos, fleet["replicas"], fleet["router"])
     result = simulate(requests, config, cost, name=f"{config.scheduler}: {requests.name}")
+    _report(args, result, requests, config, slos, f"{config.describe()}; {result.config['cost']}")
+    if not args.json:
+        if result.failed:
+            reason = next(r.error for r in result.requests if r.error)
+            print(f"{result.failed} requests could not run, e.g. {reason}")
+        print(f"simulated {result.busy_seconds:.2f} s of engine time in {result.wall_seconds:.2f} s")
+    return 0
+
+
+def _report(args: argparse.Namespace, result, requests, config: SimConfig, slos: dict, setup: str) -> None:
+    """Save the traces if asked, then print the result as JSON or as a table under ``setup``."""
     if args.save_traces:
         from course.trace import save_traces
 
@@ -381,13 +392,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(**slos), indent=1))
     else:
         print(f"{requests.name}: {len(requests)} requests")
-        print(f"{config.describe()}; {result.config['cost']}")
+        print(setup)
         print(result.table(**slos))
-        if result.failed:
-            reason = next(r.error for r in result.requests if r.error)
-            print(f"{result.failed} requests could not run, e.g. {reason}")
-        print(f"simulated {result.busy_seconds:.2f} s of engine time in {result.wall_seconds:.2f} s")
-    return 0
 
 
 def _run_fleet(
@@ -397,16 +403,8 @@ def _run_fleet(
     from course.sim.fleet import simulate_fleet
 
     result = simulate_fleet(requests, replicas, config, cost, router)
-    if args.save_traces:
-        from course.trace import save_traces
-
-        save_traces(args.save_traces, result.traces, simulator=config.to_dict(), workload=requests.name)
-    if args.json:
-        print(json.dumps(result.to_dict(**slos), indent=1))
-    else:
-        print(f"{requests.name}: {len(requests)} requests")
-        print(f"each replica: {config.describe()}; {cost.describe() if hasattr(cost, 'describe') else cost}")
-        print(result.table(**slos))
+    described = cost.describe() if hasattr(cost, "describe") else cost
+    _report(args, result, requests, config, slos, f"each replica: {config.describe()}; {described}")
     return 0
 
 

@@ -23,7 +23,7 @@ import resource
 import statistics
 import time
 
-from course import geometry, hardware, workload
+from course import hardware, kv, workload
 from course.sim import RooflineCost, SimConfig, kv_blocks, simulate
 
 
@@ -37,7 +37,7 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
 
-    model, gpu = geometry.LLAMA3_8B, hardware.gpu("H100-SXM")
+    model, gpu = kv.get_model("Llama-3-8B"), hardware.gpu("H100-SXM")
     cost = RooflineCost(model, gpu)
     # KV budget: 90 % of the H100's 80 GB minus the 16 GB of weights, minus 4 GB for activations
     blocks = kv_blocks(0.9 * gpu.memory_bytes - model.num_params * 2 - 4e9, model)

@@ -596,17 +596,3 @@ def from_hf_config(config: Any, name: str | None = None, num_params: int | None 
             cfg.get("tie_word_embeddings", str(cfg.get("model_type", "")).startswith(("gemma", "gpt2")))
         ),
     )
-
-
-# Two real models that modules 1 and 3 reason about, read from the one model catalogue
-# (course/data/kv_models.json, via course.kv.catalogue) when first used: the catalogue imports this
-# module, so the constants are looked up lazily instead of being written out a second time here.
-_CATALOGUE_CONSTANTS = {"LLAMA2_7B": "Llama-2-7B", "LLAMA3_8B": "Llama-3-8B"}
-
-
-def __getattr__(name: str) -> ModelGeometry:
-    if name in _CATALOGUE_CONSTANTS:
-        from course.kv.catalogue import catalogue_entry
-
-        return catalogue_entry(_CATALOGUE_CONSTANTS[name]).geometry
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

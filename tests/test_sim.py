@@ -10,8 +10,9 @@ from helpers import reference
 
 from course import limits, metrics, workload
 from course.cli import main
-from course.geometry import LLAMA3_8B, ModelGeometry
+from course.geometry import ModelGeometry
 from course.hardware import HardwareSpec, gpu
+from course.kv import get_model
 from course.sim import (
     BlockManager,
     LinearCost,
@@ -30,6 +31,7 @@ from course.sim import (
 from course.trace import load_traces
 from course.workload import RequestSpec, Workload
 
+LLAMA3_8B = get_model("Llama-3-8B")
 ONE_SECOND_PER_STEP = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0)
 
 

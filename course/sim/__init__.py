@@ -2,11 +2,11 @@
 
 Quick start::
 
-    from course import workload, geometry, hardware
+    from course import hardware, kv, workload
     from course.sim import SimConfig, RooflineCost, simulate
 
     requests = workload.poisson(rate=20, n=2000, prompt_tokens=workload.lognormal(512, 0.8), output_tokens=200)
-    cost = RooflineCost(geometry.LLAMA3_8B, hardware.gpu("H100-SXM"))
+    cost = RooflineCost(kv.get_model("Llama-3-8B"), hardware.gpu("H100-SXM"))
     result = simulate(requests, SimConfig(scheduler="continuous", num_blocks=20000), cost)
     print(result.table(ttft_slo=0.5, tpot_slo=0.05))
 

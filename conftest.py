@@ -51,6 +51,7 @@ FAST_MODULES = {
     "test_serving_runner.py",
     "test_serving_sampling.py",
     "test_sim.py",
+    "test_sim_cost.py",
     "test_sim_fleet.py",
     "test_sim_parallel.py",
     "test_sim_properties.py",

@@ -299,50 +299,44 @@ def _vllm_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 
 
-class VLLMServer:
-    """``vllm serve`` in its own process group, its log in a file; a context manager.
-
-    >>> with VLLMServer(model_dir, log_path, ["--dtype", "float32"]) as server:  # doctest: +SKIP
-    ...     httpx.get(server.url + "/metrics")
+class ServerProcess:
+    """A server command in its own process group, its log in a file, ready when ``ready_path`` answers
+    200; a context manager. :class:`VLLMServer` and :func:`course_server` build the commands.
 
     Args:
-        model: a model folder or Hub id.
+        command: the command line; its ``--port`` is where the server listens.
         log: where the server's stdout and stderr go.
-        args: more ``vllm serve`` arguments.
-        env: more environment variables (``VLLM_CPU_KVCACHE_SPACE``, ...).
-        served_name: the model name clients send.
-        start_timeout: seconds to wait for ``/health`` (the CPU build compiles for minutes on 2 cores).
+        env: the environment (default: this process's).
+        start_timeout: seconds to wait for ``ready_path``.
+        ready_path: the path that answers 200 once the server serves.
     """
 
     def __init__(
         self,
-        model: str | Path,
+        command: Sequence[str],
         log: str | Path,
-        args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
-        served_name: str = "tiny",
         start_timeout: float = 600.0,
+        ready_path: str = "/health",
     ) -> None:
-        self.port = free_port()
+        self.command = list(command)
+        self.port = int(self.command[self.command.index("--port") + 1])
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(log)
-        self.served_name = served_name
-        self.command = [
-            *_vllm_command(), "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-            "--served-model-name", served_name, *args,
-        ]  # fmt: skip
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+        self.env = dict(env) if env is not None else dict(os.environ)
         self.start_timeout = start_timeout
+        self.ready_path = ready_path
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> VLLMServer:
-        """Start the server and wait until ``/health`` answers 200; RuntimeError with the log's tail if
-        it exits or does not answer in time."""
+    @property
+    def name(self) -> str:
+        return Path(self.command[0]).name
+
+    def start(self) -> ServerProcess:
+        """Start the server and wait until it answers; RuntimeError with the log's tail if it exits or
+        does not answer in time."""
         import httpx
 
-        missing = vllm_missing()
-        if missing:
-            raise RuntimeError(missing)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("w") as out:
             self.process = subprocess.Popen(
@@ -351,15 +345,15 @@ class VLLMServer:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.process.returncode}:\n{self.tail()}")
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.tail()}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.url + self.ready_path, timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(1)
         self.stop()
-        raise RuntimeError(f"vllm serve did not answer within {self.start_timeout:.0f} s:\n{self.tail()}")
+        raise RuntimeError(f"{self.name} did not answer within {self.start_timeout:.0f} s:\n{self.tail()}")
 
     def tail(self, lines: int = 40) -> str:
         """The last lines of the server's log."""
@@ -385,11 +379,51 @@ class VLLMServer:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
 
-    def __enter__(self) -> VLLMServer:
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class VLLMServer(ServerProcess):
+    """``vllm serve`` (see :class:`ServerProcess`).
+
+    >>> with VLLMServer(model_dir, log_path, ["--dtype", "float32"]) as server:  # doctest: +SKIP
+    ...     httpx.get(server.url + "/metrics")
+
+    Args:
+        model: a model folder or Hub id.
+        log: where the server's stdout and stderr go.
+        args: more ``vllm serve`` arguments.
+        env: more environment variables (``VLLM_CPU_KVCACHE_SPACE``, ...).
+        served_name: the model name clients send.
+        start_timeout: seconds to wait for ``/health`` (the CPU build compiles for minutes on 2 cores).
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        log: str | Path,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        served_name: str = "tiny",
+        start_timeout: float = 600.0,
+    ) -> None:
+        command = [
+            *_vllm_command(), "serve", str(model), "--host", "127.0.0.1", "--port", str(free_port()),
+            "--served-model-name", served_name, *args,
+        ]  # fmt: skip
+        super().__init__(command, log, {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, start_timeout)
+        self.served_name = served_name
+
+    def start(self) -> VLLMServer:
+        """Start ``vllm serve`` (RuntimeError saying how to install vLLM when it is missing)."""
+        missing = vllm_missing()
+        if missing:
+            raise RuntimeError(missing)
+        super().start()
+        return self
 
 
 def process_tree_cpu_seconds(pid: int) -> float:
@@ -559,30 +593,15 @@ def _course_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "course.cli"]
 
 
-def _start_course_server(model: str | Path, log: Path, max_model_len: int) -> tuple[subprocess.Popen, str]:
-    """The course's reference server (module 2) on the same model, in its own process group."""
-    import httpx
-
-    port = free_port()
+def course_server(
+    model: str | Path, log: str | Path, max_model_len: int, start_timeout: float = 300.0
+) -> ServerProcess:
+    """The course's reference server (module 2) on ``model``, served as "tiny" (not started yet)."""
     command = [
-        *_course_command(), "serve", "--port", str(port), "--model", str(model), "--served-model-name", "tiny",
+        *_course_command(), "serve", "--port", str(free_port()), "--model", str(model), "--served-model-name", "tiny",
         "--max-model-len", str(max_model_len),
     ]  # fmt: skip
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"course serve exited with {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    os.killpg(process.pid, signal.SIGKILL)
-    raise RuntimeError(f"course serve did not answer within 300 s: {log.read_text()[-2000:]}")
+    return ServerProcess(command, log, start_timeout=start_timeout)
 
 
 def record_run(
@@ -754,19 +773,16 @@ def record_run(
     (out / "vllm_serve.log").write_text(text.replace(str(model), "<model>").replace(str(work), "<dir>"))
     if reference and local:
         log("  the course's reference server: the same model, the same vllm bench serve load ...")
-        process, url = _start_course_server(model, work / "course_serve.log", max_model_len)
-        try:
+        with course_server(model, work / "course_serve.log", max_model_len) as reference_server:
+            url = reference_server.url
             run_load(url, workload.all_at_once(2, 16, 8), progress=False)
-            cpu0, wall0 = process_tree_cpu_seconds(process.pid), time.perf_counter()
+            cpu0, wall0 = reference_server.cpu_seconds(), time.perf_counter()
             bench("reference", url, client_dataset, c["rate"], c["n"], c["seed"])
             meta["reference_server"] = {
                 "command": f"course serve --model <model> --served-model-name tiny --max-model-len {max_model_len}",
-                "cpu_seconds": round(process_tree_cpu_seconds(process.pid) - cpu0, 3),
+                "cpu_seconds": round(reference_server.cpu_seconds() - cpu0, 3),
                 "wall_seconds": round(time.perf_counter() - wall0, 3),
             }
-        finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=30)
     (out / "gauges.json").write_text(json.dumps(gauges))
     meta["load_average_at_end"] = _load_average()
     (out / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -9,11 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -29,47 +26,6 @@ MAX_MODEL_LEN = 512
 KV_SPACE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE
 START_TIMEOUT_S = 600  # torch.compile on a busy 2-core machine
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Server:
-    def __init__(self, command: list[str], log: Path, env: dict[str, str], ready_path: str) -> None:
-        self.port = int(command[command.index("--port") + 1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        with log.open("w") as out:
-            self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"{command[0]} exited with {self.process.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(self.url + ready_path, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        self.stop()
-        pytest.fail(f"{command[0]} did not answer within {START_TIMEOUT_S} s:\n{self.tail()}")
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +46,11 @@ def vllm_server(model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def course_server(tmp_path_factory):
     command = [
-        str(BIN / "course"), "serve", "--port", str(_free_port()), "--served-model-name", "tiny",
+        str(BIN / "course"), "serve", "--port", str(vllm_lab.free_port()), "--served-model-name", "tiny",
         "--max-model-len", str(MAX_MODEL_LEN),
     ]  # fmt: skip
-    server = _Server(command, tmp_path_factory.mktemp("logs") / "course.log", dict(os.environ), "/health")
-    yield server
-    server.stop()
+    with vllm_lab.ServerProcess(command, tmp_path_factory.mktemp("logs") / "course.log", start_timeout=300) as server:
+        yield server
 
 
 def _budget(model_dir: Path) -> kv.KVBudget:

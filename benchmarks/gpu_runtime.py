@@ -150,11 +150,7 @@ def lab_figures(run: vllm_lab.RecordedRun, device: hardware.HardwareSpec | str =
             "admission_rejections": c.admission_rejections,
         }
     if run.startup.device == "CPU" and (run.root / "model_config.json").exists():
-        args = run.meta["serve_args"]
-        figures["predicted_line"] = vllm_lab.predicted_budget(
-            run.root / "model_config.json", max_model_len=run.startup.max_model_len, dtype="float32",
-            kv_cache_memory_bytes=int(args[args.index("--kv-cache-memory-bytes") + 1]),
-        ).log_line  # fmt: skip
+        figures["predicted_line"] = run.predicted_budget().log_line
     figures["heldout_errors"] = vllm_lab.predict_heldout(run, device=device).errors
     if "reference" in run.benches:
         figures["server_comparison"] = vllm_lab.server_comparison(run)

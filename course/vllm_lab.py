@@ -833,6 +833,15 @@ class RecordedRun:
         previous = order[order.index(phase) - 1]
         return engine_counters(self.snapshots[previous], self.snapshots[phase])
 
+    def predicted_budget(self):
+        """The course calculator's budget for this run's ``vllm serve`` (CPU build): its model's config,
+        ``--max-model-len`` as logged, float32 and its ``--kv-cache-memory-bytes``."""
+        args = self.meta["serve_args"]
+        return predicted_budget(
+            self.root / "model_config.json", max_model_len=self.startup.max_model_len, dtype="float32",
+            kv_cache_memory_bytes=int(args[args.index("--kv-cache-memory-bytes") + 1]),
+        )  # fmt: skip
+
 
 def load_recorded_run(root: str | Path = DATA_DIR) -> RecordedRun:
     """Read a recorded run (default: the one shipped with the course)."""

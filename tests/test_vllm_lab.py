@@ -56,11 +56,8 @@ def test_the_recorded_run_has_every_phase_and_stays_small(run):
 
 
 def test_the_course_calculator_predicts_the_recorded_log_line(run):
-    args = run.meta["serve_args"]
-    budget = vllm_lab.predicted_budget(
-        run.root / "model_config.json", max_model_len=run.meta["max_model_len"], dtype="float32",
-        kv_cache_memory_bytes=int(args[args.index("--kv-cache-memory-bytes") + 1]),
-    )  # fmt: skip
+    budget = run.predicted_budget()
+    assert run.meta["max_model_len"] == run.startup.max_model_len
     assert budget.log_line == run.startup.line
     info = vllm_lab.cache_config(run.snapshots["start"])
     assert int(info["num_gpu_blocks"]) == budget.num_blocks == 16

@@ -23,11 +23,8 @@ def live(tmp_path_factory) -> vllm_lab.RecordedRun:
 
 
 def test_the_live_log_line_is_what_the_course_calculator_predicts(live):
-    args = live.meta["serve_args"]
-    budget = vllm_lab.predicted_budget(
-        live.root / "model_config.json", max_model_len=live.meta["max_model_len"], dtype="float32",
-        kv_cache_memory_bytes=int(args[args.index("--kv-cache-memory-bytes") + 1]),
-    )  # fmt: skip
+    budget = live.predicted_budget()
+    assert live.meta["max_model_len"] == live.startup.max_model_len
     assert live.startup.line == budget.log_line
     assert int(vllm_lab.cache_config(live.snapshots["start"])["num_gpu_blocks"]) == budget.num_blocks == 16
 

@@ -122,6 +122,11 @@ class ModelGeometry:
         state_shapes: the shapes of the constant-size state one state layer keeps per sequence
             (vLLM's ``MambaStateShapeCalculator``, tensor parallel 1), e.g. a convolution state
             and an SSM state; None for models without state layers.
+        ssm_state_dtype: the dtype of the SSM (temporal) state, the last of ``state_shapes``, where the
+            model fixes one: NemotronH keeps it in float32 unless its config names another
+            (``mamba_ssm_cache_dtype``; vLLM's ``NemotronHForCausalLMConfig``), Qwen3.5 takes its
+            config's ``mamba_ssm_dtype`` (``Qwen3_5ForConditionalGenerationConfig``; both in
+            vllm/model_executor/models/config.py). None: the convolution state's dtype.
     """
 
     name: str
@@ -143,6 +148,7 @@ class ModelGeometry:
     state_shapes: tuple[tuple[int, ...], ...] | None = None
     vocab_size: int | None = None
     tie_word_embeddings: bool = False
+    ssm_state_dtype: str | None = None
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "num_query_heads", "num_kv_heads", "head_dim", "hidden_size"):
@@ -414,6 +420,17 @@ def _kv_heads(cfg: dict, heads: int) -> int:
     return heads
 
 
+def _ssm_state_dtype(cfg: dict) -> str | None:
+    """The SSM state's dtype the model's vLLM config hook sets for ``--mamba-ssm-cache-dtype auto``."""
+    if str(cfg.get("model_type", "")).startswith("nemotron_h"):
+        raw = cfg.get("mamba_ssm_cache_dtype", "float32")
+    else:
+        raw = cfg.get("mamba_ssm_dtype")
+    if raw is None or raw == "auto":
+        return None
+    return DTYPE_ALIASES.get(str(raw).removeprefix("torch."), str(raw))
+
+
 def _weight_dtype(cfg: dict) -> str | None:
     quant = cfg.get("quantization_config")
     if isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "fp8":
@@ -591,6 +608,7 @@ def from_hf_config(config: Any, name: str | None = None, num_params: int | None 
         model_type=str(cfg.get("model_type", "")),
         attention_chunk_size=chunk,
         state_shapes=state,
+        ssm_state_dtype=_ssm_state_dtype(cfg) if state and len(state) > 1 else None,
         vocab_size=cfg.get("vocab_size") if isinstance(cfg.get("vocab_size"), int) else None,
         tie_word_embeddings=bool(
             cfg.get("tie_word_embeddings", str(cfg.get("model_type", "")).startswith(("gemma", "gpt2")))

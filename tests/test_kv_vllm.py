@@ -8,6 +8,7 @@ vllm/v1/kv_cache_interface.py and vllm/v1/core/kv_cache_utils.py.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 
 import pytest
@@ -450,3 +451,23 @@ def test_weights_default_to_the_dtype_vllm_serves_the_checkpoint_in():
     assert kv.total_weight_bytes(fp32, device="CPU") == 2_000
     report = kv.budget(fp32, gpu="CPU", dtype="float32", kv_cache_memory_bytes=2**30, max_model_len=64)
     assert report.weights == 4_000, "an explicit --dtype float32 serves (and counts) the weights in fp32"
+
+
+NEMOTRON_H = {
+    "model_type": "nemotron_h", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 2, "head_dim": 32, "hybrid_override_pattern": "M*M-", "mamba_num_heads": 8,
+    "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 2, "conv_kernel": 4, "expand": 2,
+    "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def test_nemotron_h_keeps_its_ssm_state_in_float32():
+    """vLLM 0.32 sets --mamba-ssm-cache-dtype to float32 for NemotronH unless its config names one."""
+    g = geometry.from_hf_config(NEMOTRON_H)
+    conv, ssm = g.state_shapes
+    assert g.ssm_state_dtype == "fp32"
+    assert kv.state_bytes(g, "bf16") == math.prod(conv) * 2 + math.prod(ssm) * 4
+    named = geometry.from_hf_config({**NEMOTRON_H, "mamba_ssm_cache_dtype": "bfloat16"})
+    assert named.ssm_state_dtype == "bf16" and kv.state_bytes(named, "bf16") == named.state_values * 2
+    other = geometry.from_hf_config({**NEMOTRON_H, "model_type": "bamba"})  # another Mamba-2 hybrid: auto
+    assert other.ssm_state_dtype is None and kv.state_bytes(other, "bf16") == other.state_values * 2

@@ -7,6 +7,7 @@ sequence whatever its length; MLP-only layers keep nothing (layer kinds: :mod:`c
 
 from __future__ import annotations
 
+from math import prod
 from typing import Any
 
 from course.geometry import ModelGeometry
@@ -74,15 +75,20 @@ def layer_bytes_per_token(geometry: ModelGeometry, dtype: str | KVDtype = "bf16"
 def state_bytes(geometry: ModelGeometry, dtype: str | KVDtype = "bf16", tp: int = 1) -> float:
     """Bytes of the constant-size state one state layer keeps per sequence, on one GPU.
 
-    vLLM's ``MambaSpec.page_size_bytes``: the product of each state shape times the state dtype's
-    size (``mamba_cache_dtype="auto"``: the model's dtype), the heads and channels split over ``tp``
-    GPUs (``MambaStateShapeCalculator``). 0 for models without state layers.
+    vLLM's ``MambaSpec.page_size_bytes``: the product of each state shape times its dtype's size
+    (``mamba_cache_dtype="auto"``: the model's dtype; the SSM state in ``geometry.ssm_state_dtype``
+    where the model fixes one, ``MambaStateDtypeCalculator``), the heads and channels split over
+    ``tp`` GPUs (``MambaStateShapeCalculator``). 0 for models without state layers.
     """
     if not geometry.state_shapes:
         return 0
     d = get_kv_dtype(dtype)
     bits = 16 if d.bits < 16 else d.bits  # KV quantization does not apply to Mamba states
-    return _whole(geometry.state_values * bits / 8 / tp)
+    total_bits = geometry.state_values * bits
+    if geometry.ssm_state_dtype is not None:
+        ssm_values = prod(geometry.state_shapes[-1])
+        total_bits += ssm_values * (get_kv_dtype(geometry.ssm_state_dtype).bits - bits)
+    return _whole(total_bits / 8 / tp)
 
 
 def bytes_per_token(model: Any, dtype: str | KVDtype = "bf16", tp: int = 1) -> float:

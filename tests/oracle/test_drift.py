@@ -443,3 +443,35 @@ def test_mla_block_size_is_the_first_usable_mla_backends(major):
     card = dataclasses.replace(hardware.gpu("H100-SXM"), compute_capability=(major, 0))
     assert facts.mla_block_size(card) == expected, f"{backend.name} on compute capability {major}.0"
     assert kv.budget("DeepSeek-V2-Lite", card, max_model_len=4096).block_size == expected
+
+
+@pytest.mark.parametrize("config_ssm_dtype", [None, "bfloat16"])
+def test_nemotron_h_ssm_state_dtype_and_page(config_ssm_dtype):
+    """NemotronH's config hook sets the SSM state's dtype (float32 unless its config names one), and the
+    state page is each shape at its own dtype (MambaStateDtypeCalculator, MambaStateShapeCalculator)."""
+    from vllm.config import CacheConfig
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
+    from vllm.model_executor.models.config import NemotronHForCausalLMConfig
+
+    from course import geometry
+
+    config = {
+        "model_type": "nemotron_h", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "head_dim": 32, "hybrid_override_pattern": "M*M-", "mamba_num_heads": 8,
+        "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 2, "conv_kernel": 4, "expand": 2,
+        "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    if config_ssm_dtype:
+        config["mamba_ssm_cache_dtype"] = config_ssm_dtype
+    cache = CacheConfig()
+    hf_config = NS(**{k: v for k, v in config.items() if k == "mamba_ssm_cache_dtype"})
+    NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(cache_config=cache, hf_config=hf_config)
+    dtypes = MambaStateDtypeCalculator.mamba2_state_dtype(torch.bfloat16, cache.mamba_cache_dtype,
+                                                          cache.mamba_ssm_cache_dtype)  # fmt: skip
+    shapes = MambaStateShapeCalculator.mamba2_state_shape(
+        tp_world_size=1, intermediate_size=2 * 256, n_groups=2, num_heads=8, head_dim=64, state_size=128, conv_kernel=4
+    )
+    page = sum(math.prod(shape) * dtype.itemsize for shape, dtype in zip(shapes, dtypes, strict=True))
+    g = geometry.from_hf_config(config)
+    assert kv.state_bytes(g, "bf16") == page
+    assert sorted(map(math.prod, g.state_shapes)) == sorted(map(math.prod, shapes))

@@ -97,11 +97,12 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"vllm serve (CPU build) on the tiny model, {args.num_prompts} requests x {args.repeats} repeats per tool, "
           f"concurrency {args.concurrency}, {args.input_len} -> {args.output_len} tokens; load average {load:.2f} "
           f"on {os.cpu_count()} CPUs")  # fmt: skip
-    print(f"{'metric (ms)':<12}{'course bench':>28}{'vllm bench serve':>28}  ranges overlap")
+    width = 8 * args.repeats + 2  # "1234.56, " per repeat
+    print(f"{'metric (ms)':<12}{'course bench':>{width}}{'vllm bench serve':>{width}}  ranges overlap")
     for key, agree in verdicts.items():
         ours = ", ".join(f"{r[key]:.2f}" for r in runs["course bench"])
         theirs = ", ".join(f"{r[key]:.2f}" for r in runs["vllm bench serve"])
-        print(f"{key:<12}{ours:>28}{theirs:>28}  {'yes' if agree else 'NO'}")
+        print(f"{key:<12}{ours:>{width}}{theirs:>{width}}  {'yes' if agree else 'NO'}")
     if not all(verdicts.values()):
         print("Ranges that do not overlap: the two clients measured differently beyond this run's spread (or the "
               "machine's noise moved between runs; rerun on a quieter machine before concluding).")  # fmt: skip

@@ -210,7 +210,8 @@ def mla_block_size(device: HardwareSpec) -> int:
     ``_get_backend_priorities``) and the block size becomes the first usable backend's preferred one
     (``vllm/platforms/interface.py``, ``update_block_size_for_backend``; ``AttentionBackend.
     get_preferred_block_size``: the default 16 when the backend takes it, else its smallest size):
-    Hopper (9.x) runs FLASH_ATTN_MLA, multiples of 16, so 16; Blackwell (10.x) runs FLASHINFER_MLA, which
+    Hopper (9.x) runs FLASH_ATTN_MLA (FlashAttention 3's MLA kernels, which vLLM's CUDA wheels ship; a
+    build without them falls to FLASHMLA, 64), multiples of 16, so 16; Blackwell (10.x) runs FLASHINFER_MLA, which
     takes 32 or 64, so 32; other GPUs run TRITON_MLA, multiples of 16. The CPU build keeps 128. Sparse MLA
     (DeepSeek-V3.2's) and an explicit ``--attention-backend`` choose differently.
     """

@@ -445,52 +445,51 @@ def create_app(
     server is told to stop, before uvicorn closes connections.
     """
     if engine is None:
-        if lm is None:
-            from course.models import load_model
-
-            lm = load_model(verbose=False)
-        engine_class = Engine
-        if engine_process:
-            from course.serving.engine_process import EngineProcess as engine_class
-        engine = engine_class(
+        engine = build_engine(
             lm,
+            engine_process=engine_process,
             max_batch_size=max_batch_size,
             max_model_len=max_model_len,
             max_prefill_tokens=max_prefill_tokens,
             runner=runner,
         )
-    lm = engine.lm
-    name = model_name or lm.name
-    context = ServingContext(
-        lm.tokenizer,
-        (name, *aliases),
-        engine.max_model_len,
-        lm.vocab_size,
-        max_token_chars=longest_token_chars(lm.tokenizer),
-        default_chat_max_tokens=default_max_tokens,
+    routes = OpenAIRoutes(
+        engine,
+        model_name or engine.lm.name,
+        aliases,
+        max_request_bytes=max_request_bytes,
+        max_waiting_requests=max_waiting_requests,
+        default_max_tokens=default_max_tokens,
     )
-    # One thread: Hugging Face tokenizers are not safe to call from several threads at once.
-    tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="course-tokenizer")
-    from course.serving.prometheus import CONTENT_TYPE, ServerMetrics
-
-    metrics = ServerMetrics(engine, name)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        read_outputs_on = getattr(engine, "read_outputs_on", None)
-        if read_outputs_on is not None:  # an EngineProcess: its events are read on this loop
-            read_outputs_on(asyncio.get_running_loop())
-        yield
-        engine.stop()
-        tokenizer_thread.shutdown(wait=False, cancel_futures=True)
-
-    app = FastAPI(title="course reference server", lifespan=lifespan)
+    app = FastAPI(title="course reference server", lifespan=routes.lifespan)
     app.state.engine = engine
-    app.state.model_name = name
-    app.state.metrics = metrics
+    app.state.model_name = routes.name
+    app.state.metrics = routes.metrics
     # Stopping: refuse new requests and end the running ones with an error event (503).
     app.state.on_server_stop = [lambda: engine.stop(timeout=0)]
     app.add_middleware(OperatorMiddleware, api_key=api_key, access_log=access_log)
+    install_error_handlers(app)
+    routes.install(app)
+    return app
+
+
+def build_engine(lm: LanguageModel | None, *, engine_process: bool = False, **engine_args) -> EngineClient:
+    """The engine ``create_app`` serves when it is given none: an :class:`Engine` on a thread of this
+    process, or with ``engine_process`` an :class:`~course.serving.engine_process.EngineProcess`;
+    ``lm`` defaults to ``course.load_model()``'s choice for this runtime; ``engine_args`` go to the engine."""
+    if lm is None:
+        from course.models import load_model
+
+        lm = load_model(verbose=False)
+    if engine_process:
+        from course.serving.engine_process import EngineProcess
+
+        return EngineProcess(lm, **engine_args)
+    return Engine(lm, **engine_args)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error the way vLLM's OpenAI server does: ``{"error": {...}}`` with its status."""
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, err: BadRequest):
@@ -510,28 +509,130 @@ def create_app(
     async def stopped(request: Request, err: EngineStopped):
         return JSONResponse(error_body(str(err), "ServiceUnavailableError", code=503), status_code=503)
 
-    def parse_off_loop(raw: bytes, parse) -> GenerationRequest:
-        return parse(parse_json_body(raw), context)
 
-    async def handle(request: Request, parse) -> Any:
-        raw = await read_body(request, max_request_bytes)
-        loop = asyncio.get_running_loop()
-        generation_request = await loop.run_in_executor(tokenizer_thread, parse_off_loop, raw, parse)
-        if max_waiting_requests is not None and engine.num_waiting >= max_waiting_requests:
-            body = error_body(
-                f"The server is overloaded: {engine.num_waiting} requests are waiting already (the limit is "
-                f"{max_waiting_requests}). Retry later.",
-                "ServiceUnavailableError",
-                code=503,
+class OpenAIRoutes:
+    """The server's routes over one engine: ``/v1/completions``, ``/v1/chat/completions``,
+    ``/v1/models``, ``/health`` and ``/metrics``.
+
+    A request's body is read on the event loop, parsed and tokenized on one tokenizer thread
+    (Hugging Face tokenizers are not safe to call from several threads at once), then streamed
+    or collected from the engine.
+    """
+
+    def __init__(
+        self,
+        engine: EngineClient,
+        name: str,
+        aliases: tuple[str, ...] = (),
+        *,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_waiting_requests: int | None = None,
+        default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
+    ) -> None:
+        from course.serving.prometheus import ServerMetrics
+
+        self.engine = engine
+        self.name = name
+        self.max_request_bytes = max_request_bytes
+        self.max_waiting_requests = max_waiting_requests
+        tokenizer = engine.lm.tokenizer
+        self.context = ServingContext(
+            tokenizer,
+            (name, *aliases),
+            engine.max_model_len,
+            engine.lm.vocab_size,
+            max_token_chars=longest_token_chars(tokenizer),
+            default_chat_max_tokens=default_max_tokens,
+        )
+        self.tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="course-tokenizer")
+        self.metrics = ServerMetrics(engine, name)
+
+    def install(self, app: FastAPI) -> None:
+        """Register the routes on ``app``."""
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        app.add_api_route("/v1/models", self.models, methods=["GET"])
+        app.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"])
+        app.add_api_route("/health", self.health, methods=["GET"])
+        app.add_api_route("/metrics", self.prometheus_metrics, methods=["GET"])
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI):
+        read_outputs_on = getattr(self.engine, "read_outputs_on", None)
+        if read_outputs_on is not None:  # an EngineProcess: its events are read on this loop
+            read_outputs_on(asyncio.get_running_loop())
+        yield
+        self.engine.stop()
+        self.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+
+    async def completions(self, request: Request):
+        return await self._generate(request, parse_completion)
+
+    async def chat_completions(self, request: Request):
+        return await self._generate(request, parse_chat)
+
+    async def models(self):
+        return {"object": "list", "data": [self._model_card(model_id) for model_id in self.context.model_names]}
+
+    async def model(self, model_id: str):
+        if model_id not in self.context.model_names:
+            raise BadRequest(
+                f"The model `{clip(model_id)}` does not exist.", "model", status=404, err_type="NotFoundError"
             )
-            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
-        generation = _Generation(engine, generation_request, lm.tokenizer, metrics, request.scope.get("state"))
+        return self._model_card(model_id)
+
+    async def health(self):
+        return {"status": "ok", "model": self.name, **self.engine.stats()}
+
+    async def prometheus_metrics(self):
+        from course.serving.prometheus import CONTENT_TYPE
+
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    def _model_card(self, model_id: str) -> dict:
+        return {
+            "id": model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "course",
+            "max_model_len": self.engine.max_model_len,
+        }
+
+    def _parse(self, raw: bytes, parse) -> GenerationRequest:
+        return parse(parse_json_body(raw), self.context)
+
+    def _overloaded(self) -> JSONResponse | None:
+        """503 with ``Retry-After`` when ``max_waiting_requests`` requests already wait (None: room)."""
+        waiting = self.engine.num_waiting
+        if self.max_waiting_requests is None or waiting < self.max_waiting_requests:
+            return None
+        body = error_body(
+            f"The server is overloaded: {waiting} requests are waiting already (the limit is "
+            f"{self.max_waiting_requests}). Retry later.",
+            "ServiceUnavailableError",
+            code=503,
+        )
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+
+    async def _generate(self, request: Request, parse) -> Any:
+        raw = await read_body(request, self.max_request_bytes)
+        loop = asyncio.get_running_loop()
+        generation_request = await loop.run_in_executor(self.tokenizer_thread, self._parse, raw, parse)
+        if (refusal := self._overloaded()) is not None:
+            return refusal
+        generation = _Generation(
+            self.engine, generation_request, self.engine.lm.tokenizer, self.metrics, request.scope.get("state")
+        )
         if generation_request.stream:
             return _event_stream_response(generation.events(), generation.abort)
+        return await self._collect(request, generation)
+
+    async def _collect(self, request: Request, generation: _Generation) -> Response:
+        """A non-streaming answer, or 499 if the client leaves first (generation stopped, cache freed)."""
         collecting = asyncio.ensure_future(generation.collect())
         watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
         done, _ = await asyncio.wait({collecting, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if collecting not in done:  # the client went away: stop generating, free the cache
+        if collecting not in done:
             generation.abort()
             collecting.cancel()
             request.scope.setdefault("state", {}).setdefault("client_gone", "before its response was ready")
@@ -541,42 +642,3 @@ def create_app(
             return JSONResponse(collecting.result())
         except GenerationFailed as err:
             return JSONResponse(_failure_body(err.message, err.status), status_code=err.status)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await handle(request, parse_completion)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await handle(request, parse_chat)
-
-    def model_card(model_id: str) -> dict:
-        return {
-            "id": model_id,
-            "object": "model",
-            "created": 0,
-            "owned_by": "course",
-            "max_model_len": engine.max_model_len,
-        }
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [model_card(model_id) for model_id in context.model_names]}
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str):
-        if model_id not in context.model_names:
-            raise BadRequest(
-                f"The model `{clip(model_id)}` does not exist.", "model", status=404, err_type="NotFoundError"
-            )
-        return model_card(model_id)
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "model": name, **engine.stats()}
-
-    @app.get("/metrics")
-    async def prometheus_metrics():
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
-
-    return app

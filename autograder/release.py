@@ -4,7 +4,7 @@ It also pins everything a learner opens to one release tag, ``course.env.REPO_RE
 (``v`` + ``course.env.VERSION``): the setup cell of every notebook installs the course from that
 tag, the README's Colab badges open the notebooks at that tag, and ``autograder check`` downloads
 the hidden tests from it. Cutting a release is: bump ``VERSION``, run ``autograder release``,
-commit, then ``git tag v<VERSION>`` and push the tag (README, "Cutting a release").
+commit, then ``git tag v<VERSION>`` and push the tag (docs/maintainers.md, "Cutting a release").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 On a machine with CUDA it first measures module 1's phase figures on the GPU (``course.phases``:
 Qwen2.5-0.5B-Instruct from the Hub, or its architecture with random weights without the Hub):
-decode eagerly and as CUDA-graph replays of a static-cache step (``course.graphs``), side by side,
+decode eagerly and as CUDA-graph replays of a static-cache step (``course.cuda_graphs``), side by side,
 plus the same static-cache step run eagerly (which separates what the static cache changes from
 what the graph removes), and a check that the graph's logits match the dynamic cache's. It compares
 the achieved decode bandwidth and prefill FLOP/s with the card's datasheet
@@ -27,7 +27,7 @@ quick sweeps (figures that mean nothing; the point is that the script and its JS
 static-cache step run eagerly and checked against the dynamic cache; the CUDA-graph part reports
 why it did not run. The lab's figures come from the run recorded with vLLM's CPU build that ships with
 the course, through the same code. It executes no notebook and starts no server. CI runs it
-(tests/test_gpu_runtime.py). The README ("GPU runtime") gives the one command a machine without Jupyter
+(tests/test_gpu_runtime.py). docs/maintainers.md ("Running the course on a GPU machine") gives the one command a machine without Jupyter
 runs, with the wheels to carry.
 """
 
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from notebook_runtime import run_notebook  # noqa: E402  (the benchmarks folder is not a package)
 
-from course import graphs, hardware, phases, vllm_lab  # noqa: E402
+from course import cuda_graphs, hardware, phases, vllm_lab  # noqa: E402
 
 # Substrings of torch.cuda.get_device_name() -> the catalogue entry with that card's datasheet.
 DATASHEET_NAMES = [
@@ -92,15 +92,15 @@ def module1_figures(device: str, quick: bool, tiny: bool) -> dict:
     figures = phases.measure_phases(lm, quick=quick)
     result = figures.to_dict()
     result["model_source"] = lm.source
-    static = graphs.decode_sweep(
+    static = cuda_graphs.decode_sweep(
         lm, [t.size for t in figures.decode], figures.context, figures.decode[0].n, graph=False
     )
     result["decode_steps_static_eager"] = {str(t.size): phases.timing_dict(t) for t in static}
-    graph_check = graphs.graph_unavailable(lm) is None
+    graph_check = cuda_graphs.graph_unavailable(lm) is None
     with torch.inference_mode():
         max_abs_logit = float(lm.model(lm.random_ids(1, 12, seed=1)).logits.abs().max())
     result["static_cache_check"] = {
-        "max_abs_difference": graphs.max_logit_difference(lm, graph=graph_check),
+        "max_abs_difference": cuda_graphs.max_logit_difference(lm, graph=graph_check),
         "max_abs_logit": max_abs_logit,
         "dtype": str(lm.dtype).removeprefix("torch."),
         "compared": "CUDA-graph replays" if graph_check else "eager static-cache steps",

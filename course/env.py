@@ -20,7 +20,7 @@ from dataclasses import dataclass
 # VERSION is the course's release (pyproject.toml reads it from here). Colab's setup cell installs
 # the library from the git tag REPO_REF, and `autograder check` downloads the hidden tests from the
 # same tag, so a learner's notebook and the tests that grade it come from one release. Cutting a
-# release (README, "Cutting a release"): bump VERSION, run `autograder release`, commit, tag.
+# release (docs/maintainers.md, "Cutting a release"): bump VERSION, run `autograder release`, commit, tag.
 VERSION = "0.1.0"
 REPO_URL = "https://github.com/llm-serving-course/llm-serving-course"
 REPO_REF = f"v{VERSION}"

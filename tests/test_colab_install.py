@@ -46,7 +46,7 @@ MAY_CHANGE = {
 OLDEST_SUPPORTED = ["transformers==5.15.0", "huggingface-hub==1.27.0", "tokenizers==0.22.2"]
 RUN_SLOW = pytest.mark.skipif(
     os.environ.get("COURSE_TEST_COLAB_INSTALL") != "1",
-    reason="downloads Colab's package versions from PyPI; set COURSE_TEST_COLAB_INSTALL=1 (README, For maintainers)",
+    reason="downloads Colab's package versions from PyPI; set COURSE_TEST_COLAB_INSTALL=1 (docs/maintainers.md)",
 )
 
 

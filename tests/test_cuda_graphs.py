@@ -1,4 +1,4 @@
-"""course.graphs: the static-cache decode step behind the CUDA-graph path, and its place in the phase figures.
+"""course.cuda_graphs: the static-cache decode step behind the CUDA-graph path, and its place in the phase figures.
 
 The graph capture itself needs CUDA (benchmarks/gpu_runtime.py runs it on a GPU machine); everything
 the capture records runs here on a CPU: the static cache, the in-place step, the timing, the skip.
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from course import graphs, measure, models, phases
+from course import cuda_graphs, measure, models, phases
 from course.hardware import MeasuredRoofs
 from course.measure import Timing
 
@@ -21,12 +21,12 @@ def tiny():
 
 def test_static_cache_steps_compute_the_dynamic_cache_logits(tiny):
     # Positions, the mask over the unfilled slots and the in-place token feedback must all be right.
-    assert graphs.max_logit_difference(tiny, prompt_tokens=12, steps=6, graph=False) < 1e-4
+    assert cuda_graphs.max_logit_difference(tiny, prompt_tokens=12, steps=6, graph=False) < 1e-4
 
 
 def test_static_steps_generate_the_greedy_tokens_of_the_dynamic_cache(tiny):
     prompt = tiny.random_ids(2, 9, seed=3)
-    static = graphs.StaticDecodeStep.from_prompt(tiny, prompt, capacity=20)
+    static = cuda_graphs.StaticDecodeStep.from_prompt(tiny, prompt, capacity=20)
     produced = [static.ids.clone()]
     for _ in range(5):
         static()
@@ -42,7 +42,7 @@ def test_static_steps_generate_the_greedy_tokens_of_the_dynamic_cache(tiny):
 
 
 def test_filled_static_cache_holds_the_context_and_refuses_to_overflow(tiny):
-    step = graphs.StaticDecodeStep.filled(tiny, batch=3, context=10, capacity=12)
+    step = cuda_graphs.StaticDecodeStep.filled(tiny, batch=3, context=10, capacity=12)
     assert int(step.cache.get_seq_length()) == 10
     assert step.cache.layers[0].keys.shape == (3, tiny.geometry.num_kv_heads, 12, tiny.geometry.head_dim)
     assert step().shape == (3, 1, tiny.vocab_size)
@@ -50,17 +50,17 @@ def test_filled_static_cache_holds_the_context_and_refuses_to_overflow(tiny):
     with pytest.raises(ValueError, match="static cache is full"):
         step()
     with pytest.raises(ValueError, match="leaves no room"):
-        graphs.StaticDecodeStep.filled(tiny, batch=1, context=10, capacity=10)
+        cuda_graphs.StaticDecodeStep.filled(tiny, batch=1, context=10, capacity=10)
 
 
 def test_on_a_cpu_the_graph_path_says_it_needs_cuda_and_the_eager_static_sweep_runs(tiny):
-    reason = graphs.graph_unavailable(tiny)
+    reason = cuda_graphs.graph_unavailable(tiny)
     assert reason is not None and "CUDA" in reason and "eagerly" in reason
     with pytest.raises(ValueError, match="CUDA"):
-        graphs.decode_step_seconds(tiny, 1, 16, steps=2, graph=True)
+        cuda_graphs.decode_step_seconds(tiny, 1, 16, steps=2, graph=True)
     with pytest.raises(ValueError, match="cannot capture a CUDA graph"):
-        graphs.StaticDecodeStep.filled(tiny, 1, 8, 16).capture()
-    sweep = graphs.decode_sweep(tiny, [1, 4], context=16, steps=3, graph=False)
+        cuda_graphs.StaticDecodeStep.filled(tiny, 1, 8, 16).capture()
+    sweep = cuda_graphs.decode_sweep(tiny, [1, 4], context=16, steps=3, graph=False)
     assert [t.size for t in sweep] == [1, 4] and all(t.n == 3 and t.median > 0 for t in sweep)
 
 
@@ -82,7 +82,7 @@ def test_the_graph_sweep_is_the_headline_and_the_eager_one_stays_beside_it(tiny)
     fast = one / 6  # the graph replay reads at 6 GB/s: 60 %
     graph = [Timing(1, fast, fast, fast, 8), Timing(8, 2 * fast, 2 * fast, 2 * fast, 8)]
     prefill = [Timing(512, 1.0, 1.0, 1.0, 3)]
-    f = phases.PhaseFigures(tiny, roofs, "stock", 256, eager, prefill, 1, 0.1, graph, graphs.WHAT_WAS_DONE)
+    f = phases.PhaseFigures(tiny, roofs, "stock", 256, eager, prefill, 1, 0.1, graph, cuda_graphs.WHAT_WAS_DONE)
     assert f.decode_headline == "cuda-graph"
     assert math.isclose(f.decode_bandwidth_fraction, 0.6) and math.isclose(f.bandwidth_fraction(False), 0.1)
     assert math.isclose(f.decode_step_ratio(8), 2.0) and math.isclose(f.decode_step_ratio(8, graph=False), 1.1)
@@ -95,5 +95,5 @@ def test_the_graph_sweep_is_the_headline_and_the_eager_one_stays_beside_it(tiny)
 
 
 def test_filled_cache_fills_a_static_cache_it_is_given(tiny):
-    cache = measure.filled_cache(tiny, batch=2, context=5, cache=graphs.static_cache(tiny, capacity=9))
+    cache = measure.filled_cache(tiny, batch=2, context=5, cache=cuda_graphs.static_cache(tiny, capacity=9))
     assert type(cache).__name__ == "StaticCache" and int(cache.get_seq_length()) == 5

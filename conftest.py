@@ -37,7 +37,7 @@ FAST_MODULES = {
     "test_cli.py",
     "test_env.py",
     "test_grading_helpers.py",
-    "test_graphs.py",
+    "test_cuda_graphs.py",
     "test_hardware_geometry_roofline.py",
     "test_kv.py",
     "test_kv_properties.py",

@@ -6,7 +6,7 @@ module 1's phase model (``course.models.load_phase_model``: a 170 M-parameter of
 CPU, Qwen2.5-0.5B-Instruct or its random-weight twin on a GPU), on each kernel path and dtype
 asked for, side by side. On a CPU it runs on one torch thread by default, as module 1 does
 (``course.phases.CPU_THREADS``; ``--torch-threads`` keeps torch's own count, ``--threads 1 2`` runs
-both); on a GPU decode is timed eagerly and as CUDA-graph replays (``course.graphs``). The issue's
+both); on a GPU decode is timed eagerly and as CUDA-graph replays (``course.cuda_graphs``). The issue's
 targets on a 2-core CPU (shown here, never asserted in tests): decode at batch 1 >= 50 % of the
 measured bandwidth, step at batch 8 <= 1.5x batch 1, prefill at >= 512 tokens >= 50 % of the
 measured matmul FLOP/s.

@@ -86,7 +86,7 @@ def filled_cache(lm: LanguageModel, batch: int, context: int, seed: int = 0, cac
     A decode step reads the cache the same way whatever its values, so filling it with random
     keys and values times the same as a real prefill, in milliseconds instead of a prefill of
     batch x context tokens (minutes for a realistic model on a CPU). cache: the empty cache to
-    fill (default a new dynamic one; :mod:`course.graphs` passes a static one).
+    fill (default a new dynamic one; :mod:`course.cuda_graphs` passes a static one).
     """
     import torch
 

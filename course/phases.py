@@ -15,7 +15,7 @@ timings from :mod:`course.measure` on a model that is far larger than the CPU's 
 
 On a GPU the decode sweep runs twice: eagerly (a dynamic cache, one kernel launch at a time,
 which for a model this small is bound by launches rather than bandwidth) and as CUDA-graph
-replays of a static-cache step (:mod:`course.graphs`, the launch overhead removed). Both are
+replays of a static-cache step (:mod:`course.cuda_graphs`, the launch overhead removed). Both are
 kept side by side; the decode figures above come from the graph sweep where there is one, and
 say so (``decode_headline``). On a CPU there is no graph sweep and the figures are eager.
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from course import graphs, kernels, measure, noise, roofline
+from course import cuda_graphs, kernels, measure, noise, roofline
 from course.hardware import MeasuredRoofs, measure_roofs
 from course.measure import Timing
 from course.models import LanguageModel
@@ -115,7 +115,7 @@ class PhaseFigures:
     prefill: list[Timing]  # one per prompt length (size = tokens), seconds per prefill
     threads: int
     load: float | None = None  # load average per core after measuring
-    # The same sweep as CUDA-graph replays of a static-cache step (course.graphs); None off CUDA.
+    # The same sweep as CUDA-graph replays of a static-cache step (course.cuda_graphs); None off CUDA.
     decode_graph: list[Timing] | None = None
     graph_note: str = ""  # what the graph sweep did, or why there is none
 
@@ -276,7 +276,7 @@ def measure_phases(
     path: a :data:`course.kernels.KERNEL_PATHS` key; None keeps the model's current path.
     The decode cache is filled with random keys and values (see
     :func:`course.measure.filled_cache`), so the sweep costs decode steps only.
-    graph: also time the decode sweep as CUDA-graph replays (:mod:`course.graphs`). None: on
+    graph: also time the decode sweep as CUDA-graph replays (:mod:`course.cuda_graphs`). None: on
     CUDA, and a failed capture is reported in ``graph_note`` instead of raised; True raises
     where it cannot run; False: eager only.
     """
@@ -315,15 +315,15 @@ def graph_sweep(
     """
     if graph is False:
         return None, "not asked for: decode timed eagerly only"
-    if reason := graphs.graph_unavailable(lm):
+    if reason := cuda_graphs.graph_unavailable(lm):
         if graph:
             raise ValueError(reason)
         return None, reason
     try:
-        timings = graphs.decode_sweep(lm, batch_sizes, context, steps, graph=True)
+        timings = cuda_graphs.decode_sweep(lm, batch_sizes, context, steps, graph=True)
     except Exception as err:  # noqa: BLE001 - any capture failure is reported, the eager figures stand
         if graph:
             raise
         first_line = (str(err).strip().splitlines() or [""])[0][:200]
         return None, f"the CUDA-graph capture failed ({type(err).__name__}: {first_line}); decode timed eagerly only"
-    return timings, graphs.WHAT_WAS_DONE
+    return timings, cuda_graphs.WHAT_WAS_DONE

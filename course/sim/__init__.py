@@ -20,10 +20,10 @@ plots in :mod:`course.sim.plots`; ``course simulate`` on the command line.
 from course.sim.blocks import BlockManager, prompt_block_hashes
 from course.sim.config import SCHEDULERS, SimConfig, kv_blocks
 from course.sim.cost import ROOFLINE_EFFICIENCY, LinearCost, RooflineCost, StepSample, samples_from_timings
-from course.sim.engine import simulate
 from course.sim.harness import SimRequest
 from course.sim.results import RequestRecord, SimResult, StepLog
-from course.sim.workloads import cap_output, scale_prompts, with_system_prompt
+from course.sim.simulator import simulate
+from course.sim.workload_variants import cap_output, scale_prompts, with_system_prompt
 from course.units import cdiv
 
 __all__ = [

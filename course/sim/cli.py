@@ -237,7 +237,7 @@ def settings_from(args: argparse.Namespace) -> dict:
 
 def workload_from(w: dict) -> workload.Workload:
     """The requests of a ``[workload]`` settings table (generated, or replayed from a trace file)."""
-    from course.sim.workloads import cap_output, with_system_prompt
+    from course.sim.workload_variants import cap_output, with_system_prompt
 
     if w["trace"]:
         from course.trace import load_traces
@@ -361,7 +361,7 @@ def _budget_blocks(
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``course simulate``."""
-    from course.sim.engine import simulate
+    from course.sim.simulator import simulate
 
     settings = settings_from(args)
     if getattr(args, "plan_rate", None) is not None:

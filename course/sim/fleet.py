@@ -36,8 +36,8 @@ import numpy as np
 from course import metrics
 from course.sim.blocks import prompt_block_hashes
 from course.sim.config import SimConfig
-from course.sim.engine import simulate
 from course.sim.results import SimResult
+from course.sim.simulator import simulate
 from course.trace import RequestTrace
 from course.workload import Workload
 

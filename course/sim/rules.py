@@ -1,5 +1,5 @@
 """vLLM 0.32's admission rules, each written once: the readable steps (:mod:`course.sim.steps`) and the
-fast engine (:mod:`course.sim.engine`) both call these.
+fast engine (:mod:`course.sim.simulator`) both call these.
 
 * :func:`can_admit`: a waiting request is admitted only if the blocks its *whole* sequence needs are
   free, not just those of its first chunk (``SchedulerConfig.scheduler_reserve_full_isl``, True by

@@ -203,6 +203,19 @@ def _visible_source(source: str) -> str:
     return "\n".join(line.rstrip() for line in without_hidden_tests(source).strip().split("\n"))
 
 
+@dataclass
+class _Repairs:
+    """What :func:`repair` changed, by grade_id, for its notes."""
+
+    restored: list[str] = field(default_factory=list)  # grading metadata put back from a marker comment
+    edited: list[str] = field(default_factory=list)  # test cells whose visible source had been changed
+    duplicates: list[str] = field(default_factory=list)  # ids claimed by several cells
+    adopted: list[str] = field(default_factory=list)  # answer cells found by the functions they define
+    added: list[str] = field(default_factory=list)  # graded cells put back from the release
+    retyped: list[str] = field(default_factory=list)  # cells turned back into their release type
+    stripped: int = 0  # cells that lost grading metadata they do not hold
+
+
 def repair(submission: NotebookNode, release: NotebookNode) -> RepairResult:
     """Restore the graded cells of ``submission`` from the ``release`` notebook.
 
@@ -216,57 +229,78 @@ def repair(submission: NotebookNode, release: NotebookNode) -> RepairResult:
     _normalise_format(nb, release, notes)
     graded = [(notebooks.grade_id(cell), cell) for cell in release.cells if notebooks.grade_id(cell)]
     release_ids = {gid for gid, _ in graded}
-
+    repairs = _Repairs()
     placed: dict[str, NotebookNode] = {}  # grade_id -> the submission cell now holding it
-    restored, edited, duplicates, adopted, added, retyped = [], [], [], [], [], []
     for gid, release_cell in graded:
-        by_marker = [i for i, cell in enumerate(nb.cells) if (first_marker(cell) or ("", ""))[1] == gid]
-        by_meta = [
-            i for i, cell in enumerate(nb.cells) if notebooks.grade_id(cell) == gid and first_marker(cell) is None
-        ]
-        candidates = by_marker or by_meta
-        if len(candidates) > 1:
-            answered = [i for i in candidates if not _is_stub(nb.cells[i], release_cell)]
-            duplicates.append(gid)
-            candidates = answered or candidates
-        index = candidates[-1] if candidates else None
-        if index is None and notebooks.is_answer_cell(release_cell):
-            index = _adopt_by_names(nb, release_cell, release_ids)
-            if index is not None:
-                adopted.append(gid)
-        if index is None:
-            continue
-        cell = nb.cells[index]
-        if cell.cell_type != release_cell.cell_type:
-            if release_cell.cell_type == "code":
-                cell = nb.cells[index] = _as_code(cell)
-            else:
-                cell.cell_type = release_cell.cell_type
-            retyped.append(gid)
-        wanted = copy.deepcopy(release_cell.metadata.get("nbgrader", {}))
-        have = cell.get("metadata", {}).get("nbgrader") or {}
-        if any(have.get(key) != wanted.get(key) for key in GRADING_KEYS) and gid not in adopted:
-            restored.append(gid)
-        cell.setdefault("metadata", NotebookNode())["nbgrader"] = wanted
-        for flag in ("deletable", "editable"):
-            if flag in release_cell.metadata:
-                cell.metadata[flag] = release_cell.metadata[flag]
-        if notebooks.is_test_cell(release_cell) and _visible_source(cell.source) != _visible_source(
-            release_cell.source
-        ):
-            edited.append(gid)
-        placed[gid] = cell
+        index = _find_cell(nb, gid, release_cell, release_ids, repairs)
+        if index is not None:
+            placed[gid] = _restore_cell(nb, index, gid, release_cell, repairs)
+    repairs.stripped = _strip_stray_metadata(nb, placed)
+    _add_missing_cells(nb, graded, placed, repairs)
+    notes += _notes(repairs, dict(graded))
+    nb.metadata["autograder"] = {"repair": notes}
+    nbformat.validate(nb)
+    return RepairResult(nb, notes)
 
-    # Cells still claiming a grade_id they do not hold (duplicates, ids from other notebooks) lose it,
-    # or nbgrader would grade the wrong cell (it keeps the last cell of a duplicated id).
+
+def _find_cell(nb, gid: str, release_cell, release_ids: set[str], repairs: _Repairs) -> int | None:
+    """The index of the submission cell that holds ``gid``: by marker comment, else by metadata, else
+    (answer cells) by the functions it defines; of several, the last one with an answer."""
+    by_marker = [i for i, cell in enumerate(nb.cells) if (first_marker(cell) or ("", ""))[1] == gid]
+    by_meta = [i for i, cell in enumerate(nb.cells) if notebooks.grade_id(cell) == gid and first_marker(cell) is None]
+    candidates = by_marker or by_meta
+    if len(candidates) > 1:
+        answered = [i for i in candidates if not _is_stub(nb.cells[i], release_cell)]
+        repairs.duplicates.append(gid)
+        candidates = answered or candidates
+    if candidates:
+        return candidates[-1]
+    if notebooks.is_answer_cell(release_cell):
+        index = _adopt_by_names(nb, release_cell, release_ids)
+        if index is not None:
+            repairs.adopted.append(gid)
+        return index
+    return None
+
+
+def _restore_cell(nb, index: int, gid: str, release_cell, repairs: _Repairs) -> NotebookNode:
+    """Give the cell at ``index`` the release cell's type, grading metadata and lock flags; returns it."""
+    cell = nb.cells[index]
+    if cell.cell_type != release_cell.cell_type:
+        if release_cell.cell_type == "code":
+            cell = nb.cells[index] = _as_code(cell)
+        else:
+            cell.cell_type = release_cell.cell_type
+        repairs.retyped.append(gid)
+    wanted = copy.deepcopy(release_cell.metadata.get("nbgrader", {}))
+    have = cell.get("metadata", {}).get("nbgrader") or {}
+    if any(have.get(key) != wanted.get(key) for key in GRADING_KEYS) and gid not in repairs.adopted:
+        repairs.restored.append(gid)
+    cell.setdefault("metadata", NotebookNode())["nbgrader"] = wanted
+    for flag in ("deletable", "editable"):
+        if flag in release_cell.metadata:
+            cell.metadata[flag] = release_cell.metadata[flag]
+    if notebooks.is_test_cell(release_cell) and _visible_source(cell.source) != _visible_source(release_cell.source):
+        repairs.edited.append(gid)
+    return cell
+
+
+def _strip_stray_metadata(nb, placed: dict[str, NotebookNode]) -> int:
+    """Remove grading metadata from cells that claim an id they do not hold (duplicates, ids from other
+    notebooks): nbgrader would grade the wrong cell (it keeps the last cell of a duplicated id).
+    Returns how many cells lost it."""
     holders = {id(cell) for cell in placed.values()}
     stripped = 0
     for cell in nb.cells:
         if "nbgrader" in cell.get("metadata", {}) and id(cell) not in holders:
             del cell.metadata["nbgrader"]
             stripped += 1
+    return stripped
 
-    # Graded cells that are gone come back from the release, after the graded cell that precedes them.
+
+def _add_missing_cells(nb, graded: list, placed: dict[str, NotebookNode], repairs: _Repairs) -> None:
+    """Graded cells that are gone come back from the release, after the graded cell that precedes them
+    (before the next one when none precedes them)."""
     for position, (gid, release_cell) in enumerate(graded):
         if gid in placed:
             continue
@@ -282,25 +316,29 @@ def repair(submission: NotebookNode, release: NotebookNode) -> RepairResult:
             at = next((i for i, cell in enumerate(nb.cells) if cell is following), len(nb.cells))
         nb.cells.insert(at, fresh)
         placed[gid] = fresh
-        added.append(gid)
+        repairs.added.append(gid)
 
-    if restored:
+
+def _notes(repairs: _Repairs, release_cells: dict) -> list[str]:
+    """One sentence per kind of repair, for the instructor and the learner's feedback."""
+    notes = []
+    if repairs.restored:
         notes.append(
-            f"Restored the grading metadata of {len(restored)} cell(s) from their marker comments: "
-            f"{', '.join(restored)}."
+            f"Restored the grading metadata of {len(repairs.restored)} cell(s) from their marker comments: "
+            f"{', '.join(repairs.restored)}."
         )
-    if retyped:
-        notes.append(f"Turned cell(s) {', '.join(retyped)} back into code cells.")
-    if adopted:
+    if repairs.retyped:
+        notes.append(f"Turned cell(s) {', '.join(repairs.retyped)} back into code cells.")
+    if repairs.adopted:
         notes.append(
-            f"Found answer cell(s) {', '.join(adopted)} by the functions they define (marker comment missing)."
+            f"Found answer cell(s) {', '.join(repairs.adopted)} by the functions they define (marker comment missing)."
         )
-    if duplicates:
-        notes.append(f"Several cells claimed {', '.join(duplicates)}; the last one with an answer was graded.")
-    if edited:
-        notes.append(f"Test cell(s) {', '.join(edited)} had been edited; the original tests were used.")
-    missing_tests = [g for g in added if notebooks.is_test_cell(dict(graded)[g])]
-    missing_answers = [g for g in added if notebooks.is_answer_cell(dict(graded)[g])]
+    if repairs.duplicates:
+        notes.append(f"Several cells claimed {', '.join(repairs.duplicates)}; the last one with an answer was graded.")
+    if repairs.edited:
+        notes.append(f"Test cell(s) {', '.join(repairs.edited)} had been edited; the original tests were used.")
+    missing_tests = [g for g in repairs.added if notebooks.is_test_cell(release_cells[g])]
+    missing_answers = [g for g in repairs.added if notebooks.is_answer_cell(release_cells[g])]
     if missing_tests:
         notes.append(f"Test cell(s) {', '.join(missing_tests)} were missing and were added back.")
     if missing_answers:
@@ -308,11 +346,9 @@ def repair(submission: NotebookNode, release: NotebookNode) -> RepairResult:
             f"Answer cell(s) {', '.join(missing_answers)} were missing (no marker comment and no cell defining "
             "its functions); the empty starter cell was added back, so those exercises score 0."
         )
-    if stripped:
-        notes.append(f"Removed stray grading metadata from {stripped} cell(s) that are not graded.")
-    nb.metadata["autograder"] = {"repair": notes}
-    nbformat.validate(nb)
-    return RepairResult(nb, notes)
+    if repairs.stripped:
+        notes.append(f"Removed stray grading metadata from {repairs.stripped} cell(s) that are not graded.")
+    return notes
 
 
 def _adopt_by_names(nb, release_cell, release_ids: set[str]) -> int | None:

@@ -25,6 +25,13 @@ thread (OMP_NUM_THREADS=1, as peers.md recommends for fair numbers on 2 cores). 
    `.venv/bin/pip install -c requirements/constraints.txt -e ".[dev,bench]"`; skipped with that
    note when it is missing.
 
+4. with `--peers`: the course's server beside vLLM's CPU build (`.vllm-venv`, `bin/vllm-env`) and
+   `transformers serve` on one saved model (`--model tiny` or `170m`, module 1's 170 M-parameter Llama in
+   float32), all up at once and driven in rotating order by the same client: output tokens/s, TTFT p50,
+   ITL p50, CPU per output token of each server's process tree, its memory and start-up time
+   (`benchmarks/_peers.py`; targets: `course serve` >= 0.8x vLLM's tokens/s at 1 and 16 streams, ITL p50
+   <= 1.25x vLLM's).
+
 `--itl-only` runs the first part alone, against `course serve` (about a minute at --repeats 1: for A/B runs
 of one change). The run starts by printing the load average and how the machine's idle cores wait
 (``_processes.idle_policy``), which sets what each token's wake-up of the API server costs the engine.
@@ -34,6 +41,7 @@ Every request sends the same payload to every server (greedy, 64 prompt tokens, 
 servers report. Each figure is the median over --repeats runs.
 
     .venv/bin/python benchmarks/serving.py [--repeats 3] [--quick] [--skip-transformers] [--itl-only]
+    .venv/bin/python benchmarks/serving.py --peers [--model tiny|170m] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -323,7 +331,20 @@ def main(argv: list[str] | None = None) -> int:
         help="only the single-stream ITL target: `course serve` at concurrency 1 with the raw steps beside it and "
         "the interleaved pairs (about a minute at --repeats 1; for A/B runs of one change)",
     )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="only the peer comparison: course serve, vLLM's CPU build and transformers serve on one model",
+    )
+    parser.add_argument("--model", choices=("tiny", "170m"), default="tiny", help="--peers: the model served")
+    parser.add_argument(
+        "--start-timeout", type=float, default=900, help="--peers: seconds a server may take to start (vLLM compiles)"
+    )
     args = parser.parse_args(argv)
+    if args.peers:
+        from _peers import run_peers
+
+        return run_peers(args)
     if args.quick:
         args.repeats = 1
     if args.itl_only:

@@ -1,8 +1,9 @@
 """``autograder collect``: put submissions from an LMS download (zip or folder) where nbgrader wants them.
 
 Who a file belongs to comes from its path (or, for Gradescope, from the export's
-``submission_metadata.yml``). The presets know the LMS downloads' own formats and keep the LMS's
-user id, so two people with the same name never merge:
+``submission_metadata.yml``). The rules are nbgrader collector plugins, one class per LMS preset, in
+:mod:`autograder.plugins` (plain ``nbgrader zip_collect`` can load them too); they know the LMS
+downloads' own formats and keep the LMS's user id, so two people with the same name never merge:
 
 * Moodle: a folder (or file name prefix) ``Full Name_<participant id>_assignsubmission_file_``;
 * Canvas: ``lastfirst[_LATE]_<user id>_<attachment id>_<file name>``;
@@ -54,23 +55,14 @@ from pathlib import Path, PurePosixPath
 from autograder import repair
 from autograder.course_dir import Course
 
-PRESETS = {
-    "moodle": r"^(?:[^/]*/)*?(?P<student>[^/]+?)_(?P<id>\d+)_assign(?:submission|feedback)_"
-    r"(?:file|onlinetext)(?:_?/|_)",
-    "canvas": r"(?:^|/)(?P<student>[^/_]+)_(?:late_)?(?P<id>\d+)_\d+_[^/]+$",
-    "blackboard": r"(?:^|/)[^/]*?_(?P<id>[^/_]+)_attempt_(?P<time>\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)(?:_[^/]*)?$",
-    "folder": r"^(?P<student>[^/]+)/",
-    "file": r"(?:^|/)(?P<student>[^/_ -]+)[_ -][^/]+$",
-}
-AUTO_ORDER = ("gradescope", "moodle", "canvas", "blackboard", "folder", "file")
 GRADESCOPE_METADATA = "submission_metadata.yml"
 MAX_FILE_BYTES = 100 * 2**20  # one member or file; a course notebook with outputs is a few MB
 MAX_ARCHIVE_BYTES = 4 * 2**30  # everything read from one download, nested zips included
 MAX_ZIP_DEPTH = 2
 MAX_ID_CHARS = 64
 MIN_MARKER_SHARE = 0.3  # a notebook must carry this share of a release notebook's graded cells to match it
-# Words of notebook file names that the "file" preset must not take for a student ("Copy of x.ipynb").
-NOT_NAMES = {"copy", "untitled", "submission", "notebook"}
+NO_STUDENT = "no student id in the path (adjust --pattern)"
+NOTEBOOKS = (".ipynb",)  # the files whose content is read (iter_files' ``keep``)
 
 
 @dataclass
@@ -163,31 +155,6 @@ def student_id(name: str, lms_id: str | None = None) -> str:
     return f"{slug[: MAX_ID_CHARS - 9].rstrip('._-') or 'student'}-{_digest(text)}"
 
 
-def compile_pattern(pattern: str) -> list[tuple[str, re.Pattern | None]]:
-    """The student-id expressions to try: a preset name, "auto", or a regex with a named group 'student'.
-
-    A regex may also have a group ``id`` (the LMS's user id) and ``time`` (``YYYY-MM-DD-HH-MM-SS``).
-    """
-    if pattern == "auto":
-        return [(name, _preset(name)) for name in AUTO_ORDER]
-    if pattern == "gradescope" or pattern in PRESETS:
-        return [(pattern, _preset(pattern))]
-    try:
-        compiled = re.compile(pattern)
-    except re.error as err:
-        raise ValueError(f"--pattern {pattern!r} is not a valid regular expression: {err}") from None
-    if not {"student", "id"} & set(compiled.groupindex):
-        raise ValueError(
-            f"--pattern {pattern!r} needs a named group for the student id, e.g. '^(?P<student>[^/]+)/' "
-            "(and optionally (?P<id>...) for the LMS's user id)"
-        )
-    return [("custom", compiled)]
-
-
-def _preset(name: str) -> re.Pattern | None:
-    return None if name == "gradescope" else re.compile(PRESETS[name], re.IGNORECASE)
-
-
 @dataclass
 class Identity:
     student: str
@@ -208,42 +175,42 @@ def _visible(text: str) -> str:
     return f"'{shown}'"
 
 
-def _exact(name: str | None, lms_id: str | None) -> str:
+def exact_name(name: str | None, lms_id: str | None) -> str:
     """The exact name and user id of a submitter, as text that shows every invisible difference."""
     text = _visible(name or "")
     return f"{text} (user id {_visible(lms_id)})" if lms_id else text
 
 
-def find_student(
-    path: str,
-    patterns: list[tuple[str, re.Pattern | None]],
-    gradescope: dict[str, Identity] | None = None,
-    reserved: set[str] = frozenset(),
-) -> Identity | None:
-    """Who submitted the file at ``path``, by the first pattern that gives an id."""
-    for name, compiled in patterns:
-        if compiled is None:  # gradescope: the folder submission_<id>/ names a row of the metadata
-            for part in PurePosixPath(path).parts[:-1]:
-                if gradescope and part in gradescope:
-                    return gradescope[part]
-            continue
-        match = compiled.search(path)
-        if not match:
-            continue
-        groups = match.groupdict()
-        raw = groups.get("student") or ""
-        if name == "file" and (raw.lower() in NOT_NAMES or raw.lower() in reserved):
-            continue
-        sid = student_id(raw, groups.get("id"))
-        if sid:
-            when = None
-            if groups.get("time"):
-                try:
-                    when = datetime.strptime(groups["time"], "%Y-%m-%d-%H-%M-%S")
-                except ValueError:
-                    when = None
-            return Identity(sid, when, _exact(raw, groups.get("id")))
-    return None
+def lms_time(text: str | None) -> datetime | None:
+    """A submission time written ``YYYY-MM-DD-HH-MM-SS`` in a path (Blackboard's), None when absent or invalid."""
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%d-%H-%M-%S")
+    except ValueError:
+        return None
+
+
+def compile_pattern(pattern: str, root: Path | None = None):
+    """The collector (:class:`autograder.plugins.CourseCollector`) for ``--pattern``.
+
+    ``pattern`` is a preset name (``moodle``, ``canvas``, ``blackboard``, ``gradescope``,
+    ``folder``, ``file``), ``auto`` (every preset in turn), the dotted name of a
+    :class:`~autograder.plugins.CourseCollector` subclass, or a regex with a named group ``student``
+    and/or ``id`` (the LMS's user id), optionally ``time`` (``YYYY-MM-DD-HH-MM-SS``). A bad regex is
+    a ValueError that says why. Any other nbgrader ``FileNameCollectorPlugin`` named so is used too,
+    configured by ``root``'s ``nbgrader_config.py``.
+    """
+    # autograder.plugins builds on this module (reading, matching): imported when used, so that
+    # importing either module first works.
+    from autograder.plugins import collector_for
+
+    return collector_for(pattern, root)
+
+
+def find_student(path: str, collector, reserved: frozenset[str] | set[str] = frozenset()) -> Identity | None:
+    """Who submitted the file at ``path`` (inside the download), by ``collector``'s rule; None: nobody."""
+    return collector.identify(path, reserved)
 
 
 def gradescope_identities(text: str) -> dict[str, Identity]:
@@ -279,7 +246,7 @@ def gradescope_identities(text: str) -> dict[str, Identity]:
                 when = parsed.astimezone().replace(tzinfo=None) if parsed.tzinfo else parsed
             except ValueError:
                 when = None
-        found[str(folder)] = Identity(sid, when, _exact(name, str(uid) if uid else None))
+        found[str(folder)] = Identity(sid, when, exact_name(name, str(uid) if uid else None))
     return found
 
 
@@ -324,7 +291,7 @@ def _read_bounded(handle, budget: _Budget, limit: int) -> bytes:
         chunks.append(chunk)
 
 
-def _skip_reason(rel: str) -> str:
+def skip_reason(rel: str) -> str:
     """Why a path is not even looked at ("" when it is)."""
     posix = rel.replace("\\", "/")
     parts = PurePosixPath(posix).parts
@@ -335,11 +302,15 @@ def _skip_reason(rel: str) -> str:
     return ""
 
 
-def iter_files(source: Path) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
+def iter_files(
+    source: Path, keep: tuple[str, ...] = NOTEBOOKS
+) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
     """(relative path, content or None, modification time, why it was skipped) of every entry.
 
-    Content is read only for notebooks, one at a time, each bounded by ``MAX_FILE_BYTES`` and all of
-    them by ``MAX_ARCHIVE_BYTES``; nested zips are opened up to ``MAX_ZIP_DEPTH`` deep.
+    Content is read only for files whose lower-case name ends in one of ``keep`` (notebooks), one at a
+    time, each bounded by ``MAX_FILE_BYTES`` and all of them by ``MAX_ARCHIVE_BYTES``; nested zips
+    are opened up to ``MAX_ZIP_DEPTH`` deep. The modification time is the one stored in the zip, or
+    the file's.
     """
     source = Path(source)
     budget = _Budget(MAX_ARCHIVE_BYTES)
@@ -349,16 +320,27 @@ def iter_files(source: Path) -> Iterator[tuple[str, bytes | None, datetime | Non
         except (zipfile.BadZipFile, OSError) as err:
             raise ValueError(f"{source} is a damaged zip file: {err}") from None
         with archive:
-            yield from _iter_zip(archive, "", 0, budget)
+            yield from _iter_zip(archive, "", 0, budget, keep)
     elif source.is_dir():
-        yield from _iter_folder(source, budget)
+        yield from _iter_folder(source, budget, keep)
     elif source.is_file():
         raise ValueError(f"{source} is not a zip file or a folder of submissions")
     else:
         raise FileNotFoundError(f"{source} is neither a zip file nor a folder of submissions")
 
 
-def _iter_folder(source: Path, budget: _Budget) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
+def read_file(path: str | Path) -> bytes:
+    """The bytes of one file, at most ``MAX_FILE_BYTES`` (ValueError beyond); OSError when unreadable."""
+    with open(path, "rb") as handle:
+        try:
+            return _read_bounded(handle, _Budget(MAX_FILE_BYTES + 1), MAX_FILE_BYTES)
+        except _TooLarge as err:
+            raise ValueError(f"too large to collect: {err}") from None
+
+
+def _iter_folder(
+    source: Path, budget: _Budget, keep: tuple[str, ...]
+) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
     for top, dirs, files in os.walk(source, followlinks=False):
         dirs.sort()
         for name in sorted(dirs):
@@ -369,7 +351,7 @@ def _iter_folder(source: Path, budget: _Budget) -> Iterator[tuple[str, bytes | N
             rel = _rel(source, top, name)
             info = os.lstat(path)
             mtime = datetime.fromtimestamp(info.st_mtime)
-            problem = _skip_reason(rel)
+            problem = skip_reason(rel)
             if stat.S_ISLNK(info.st_mode):
                 yield rel, None, mtime, "a symbolic link: not followed"
             elif not stat.S_ISREG(info.st_mode):
@@ -378,8 +360,8 @@ def _iter_folder(source: Path, budget: _Budget) -> Iterator[tuple[str, bytes | N
                 yield rel, None, mtime, problem
             elif rel.lower().endswith(".zip"):
                 opener = lambda p=path: open(p, "rb")  # noqa: E731, SIM115 (closed by _iter_nested)
-                yield from _iter_nested(rel, opener, mtime, 1, budget)
-            elif not rel.lower().endswith(".ipynb"):
+                yield from _iter_nested(rel, opener, mtime, 1, budget, keep)
+            elif not rel.lower().endswith(keep):
                 yield rel, None, mtime, "not a notebook (.ipynb)"
             else:
                 try:
@@ -401,7 +383,7 @@ def _is_symlink(info: zipfile.ZipInfo) -> bool:
 
 
 def _iter_zip(
-    archive: zipfile.ZipFile, prefix: str, depth: int, budget: _Budget
+    archive: zipfile.ZipFile, prefix: str, depth: int, budget: _Budget, keep: tuple[str, ...]
 ) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
     for info in archive.infolist():
         rel = prefix + info.filename
@@ -409,7 +391,7 @@ def _iter_zip(
             mtime = datetime(*info.date_time)
         except ValueError:
             mtime = None
-        problem = _skip_reason(info.filename)
+        problem = skip_reason(info.filename)
         if info.is_dir():
             yield rel, None, mtime, problem or FOLDER
         elif problem:
@@ -419,8 +401,8 @@ def _iter_zip(
         elif budget.left <= 0:
             yield rel, None, mtime, f"not read: the download is over the {_mib(MAX_ARCHIVE_BYTES)} MiB read limit"
         elif info.filename.lower().endswith(".zip"):
-            yield from _iter_nested(rel, lambda i=info: archive.open(i), mtime, depth + 1, budget)
-        elif not info.filename.lower().endswith(".ipynb"):
+            yield from _iter_nested(rel, lambda i=info: archive.open(i), mtime, depth + 1, budget, keep)
+        elif not info.filename.lower().endswith(keep):
             yield rel, None, mtime, "not a notebook (.ipynb)"
         elif info.file_size > MAX_FILE_BYTES:
             yield rel, None, mtime, f"too large to collect: larger than {MAX_FILE_BYTES / 2**20:g} MiB"
@@ -437,7 +419,7 @@ def _iter_zip(
 
 
 def _iter_nested(
-    rel: str, opener, mtime: datetime | None, depth: int, budget: _Budget
+    rel: str, opener, mtime: datetime | None, depth: int, budget: _Budget, keep: tuple[str, ...]
 ) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
     """A zip inside the download (a student's own, or one per student): spooled to disk, then read."""
     if depth > MAX_ZIP_DEPTH:
@@ -469,10 +451,10 @@ def _iter_nested(
             if not inner.infolist():
                 yield rel, None, mtime, "an empty zip file"
                 return
-            yield from _iter_zip(inner, rel[:-4] + "/", depth, budget)
+            yield from _iter_zip(inner, rel[:-4] + "/", depth, budget, keep)
 
 
-def _gradescope_metadata(source: Path) -> dict[str, Identity]:
+def gradescope_metadata(source: Path) -> dict[str, Identity]:
     """The Gradescope submitters of a download (empty when it is not a Gradescope export)."""
     source = Path(source)
     text = None
@@ -498,14 +480,23 @@ def _gradescope_metadata(source: Path) -> dict[str, Identity]:
 def release_index(root: Path, assignment_ids: list[str]) -> dict[tuple[str, str], set[str]]:
     """(assignment, notebook file name) -> grade_ids of its release notebook (modules/)."""
     from autograder.config import RELEASE_DIRECTORY
-    from autograder.notebooks import read
 
     index = {}
     for assignment in assignment_ids:
-        folder = Path(root) / RELEASE_DIRECTORY / assignment
-        for path in sorted(folder.glob("*.ipynb")):
-            index[(assignment, path.name)] = repair.marked_ids(read(path))
+        index.update(notebook_index(Path(root) / RELEASE_DIRECTORY / assignment, assignment))
     return index
+
+
+def notebook_index(folder: Path, assignment: str) -> dict[tuple[str, str], set[str]]:
+    """(assignment, notebook file name) -> grade_ids, for the release notebooks in ``folder``."""
+    from autograder.notebooks import read
+
+    return {(assignment, path.name): repair.marked_ids(read(path)) for path in sorted(Path(folder).glob("*.ipynb"))}
+
+
+def reserved_words(index: dict[tuple[str, str], set[str]]) -> frozenset[str]:
+    """The words of the release notebooks' names ("prefill", "decode"): never taken for a student's name."""
+    return frozenset(word for _, name in index for word in re.split(r"[_ .-]+", Path(name).stem.lower()) if word)
 
 
 def _normalised_name(name: str) -> str:
@@ -537,6 +528,36 @@ def match_notebook(nb, name: str, index: dict[tuple[str, str], set[str]]) -> tup
     return None, "does not look like any assignment's notebook (too few of its graded cells found)"
 
 
+@dataclass
+class Verdict:
+    """What one notebook of a download is: whose, which release notebook, and how that was decided."""
+
+    identity: Identity | None  # None: the collector's rule names nobody
+    key: tuple[str, str] | None  # (assignment, notebook file name); None: not collected
+    reason: str  # how it was matched, or why it was not
+    unreadable: bool = False  # the student needs manual grading: their file could not be parsed
+
+
+def examine(
+    rel: str, content: bytes, collector, index: dict[tuple[str, str], set[str]], reserved: frozenset[str]
+) -> Verdict:
+    """Whose notebook ``content`` (found at ``rel`` in the download) is and which release notebook it is.
+
+    One rule for ``autograder collect`` and the nbgrader collector plugins: the student from
+    ``collector``'s rule on the path, the notebook from the markers of its graded cells
+    (:func:`match_notebook`), whatever its file name.
+    """
+    identity = collector.identify(rel, reserved)
+    if identity is None:
+        return Verdict(None, None, NO_STUDENT)
+    try:
+        nb = repair.read_submission(content)
+    except repair.UnreadableNotebook as err:
+        return Verdict(identity, None, str(err), unreadable=True)
+    key, how = match_notebook(nb, rel, index)
+    return Verdict(identity, key, how)
+
+
 # --- collect -------------------------------------------------------------------------------------
 
 
@@ -554,112 +575,142 @@ def collect(
     pattern: str = "auto",
     progress: bool = False,
 ) -> CollectReport:
-    """Copy the notebooks in ``source`` (zip or folder) into ``root``'s submitted/ folder."""
+    """Copy the notebooks in ``source`` (zip or folder) into ``root``'s submitted/ folder.
+
+    ``pattern``: see :func:`compile_pattern`. Returns the report, also written to
+    ``grading/collect-report.json``; students who need manual grading are in ``flags.json``.
+    """
     course = Course(root)
-    patterns = compile_pattern(pattern)
-    index = release_index(root, assignment_ids)
-    if not index:
-        raise RuntimeError(
-            f"no release notebooks for {', '.join(assignment_ids)} in {course.release_dir}: "
-            "run `autograder release` first"
-        )
-    gradescope = _gradescope_metadata(source) if any(name == "gradescope" for name, _ in patterns) else {}
-    reserved = {word for _, nb_name in index for word in re.split(r"[_ .-]+", Path(nb_name).stem.lower()) if word}
-    report = CollectReport()
-    manual: dict[str, dict[str, list[str]]] = {}  # assignment -> student -> reasons
-    candidates: dict[tuple[str, str, str], list[_Candidate]] = {}
+    run = _Collection(Path(source), course, assignment_ids, compile_pattern(pattern, course.root))
     files = iter_files(source)
     if progress:
         from tqdm import tqdm
 
         files = tqdm(files, desc="collect", unit="entry")
-
-    def flag(student: str, entry: Entry, why: str) -> None:
-        keys = [(entry.assignment, entry.notebook)] if entry.assignment else _by_name(entry.source, index)
-        for assignment in sorted({key[0] for key in keys} or set(assignment_ids)):
-            manual.setdefault(assignment, {}).setdefault(student, []).append(f"{entry.source}: {why}")
-
     for rel, content, mtime, problem in files:
+        run.take(rel, content, mtime, problem)
+    run.write_submissions()
+    run.write_records()
+    return run.report
+
+
+class _Collection:
+    """One ``autograder collect`` run: every entry of the download in turn, then the files and records."""
+
+    def __init__(self, source: Path, course: Course, assignment_ids: list[str], collector) -> None:
+        self.course, self.assignment_ids, self.collector = course, assignment_ids, collector
+        self.index = release_index(course.root, assignment_ids)
+        if not self.index:
+            raise RuntimeError(
+                f"no release notebooks for {', '.join(assignment_ids)} in {course.release_dir}: "
+                "run `autograder release` first"
+            )
+        collector.prepare(source)  # Gradescope's metadata
+        self.reserved = reserved_words(self.index)
+        self.report = CollectReport()
+        self.manual: dict[str, dict[str, list[str]]] = {}  # assignment -> student -> reasons
+        self.candidates: dict[tuple[str, str, str], list[_Candidate]] = {}  # (student, assignment, notebook)
+        self.seen: dict[str, set[str]] = {a: set() for a in assignment_ids}  # students collected per assignment
+
+    def flag(self, student: str, entry: Entry, why: str) -> None:
+        """Mark ``student`` for manual grading in the assignment(s) ``entry`` may belong to."""
+        keys = [(entry.assignment, entry.notebook)] if entry.assignment else _by_name(entry.source, self.index)
+        for assignment in sorted({key[0] for key in keys} or set(self.assignment_ids)):
+            self.manual.setdefault(assignment, {}).setdefault(student, []).append(f"{entry.source}: {why}")
+
+    def take(self, rel: str, content: bytes | None, mtime: datetime | None, problem: str) -> None:
+        """One entry of the download: listed as skipped, or kept as a candidate for its notebook."""
         entry = Entry(source=rel)
-        if PurePosixPath(rel).name == GRADESCOPE_METADATA and gradescope:
-            entry.reason = "Gradescope's list of submitters (read for the student ids)"
-            report.unmatched.append(entry)
-            continue
+        own = self.collector.own_file(rel)
+        if own:
+            entry.reason = own
+            self.report.unmatched.append(entry)
+        elif content is None:
+            self._skip_unread(entry, problem)
+        else:
+            self._take_notebook(entry, content, mtime)
+
+    def _skip_unread(self, entry: Entry, problem: str) -> None:
+        """An entry that was not read: its student (when the path names one) needs manual grading."""
+        rel = entry.source
         looks_like_notebook = rel.lower().endswith(".ipynb") or (
             rel.lower().endswith(".zip") and problem and problem != FOLDER
         )
-        identity = find_student(rel, patterns, gradescope, reserved) if looks_like_notebook else None
-        entry.student = identity.student if identity else None
-        entry.name = identity.name if identity else None
-        if content is None:
-            entry.reason = problem or "could not be read"
-            report.unmatched.append(entry)
-            if entry.student and not problem.startswith(("an unsafe path", "a hidden file")):
-                flag(entry.student, entry, entry.reason)
-            continue
-        if not entry.student:
-            entry.reason = "no student id in the path (adjust --pattern)"
-            report.unmatched.append(entry)
-            continue
-        try:
-            nb = repair.read_submission(content)
-        except repair.UnreadableNotebook as err:
-            entry.reason = str(err)
-            report.unmatched.append(entry)
-            flag(entry.student, entry, entry.reason)
-            continue
-        key, how = match_notebook(nb, rel, index)
-        if key is None:
-            entry.reason = how
-            report.unmatched.append(entry)
-            continue
-        entry.assignment, entry.notebook, entry.reason = key[0], key[1], how
-        when = (identity.time if identity and identity.time else None) or mtime or datetime.min
+        identity = self.collector.identify(rel, self.reserved) if looks_like_notebook else None
+        entry.student, entry.name = (identity.student, identity.name) if identity else (None, None)
+        entry.reason = problem or "could not be read"
+        self.report.unmatched.append(entry)
+        if entry.student and not problem.startswith(("an unsafe path", "a hidden file")):
+            self.flag(entry.student, entry, entry.reason)
+
+    def _take_notebook(self, entry: Entry, content: bytes, mtime: datetime | None) -> None:
+        verdict = examine(entry.source, content, self.collector, self.index, self.reserved)
+        identity = verdict.identity
+        entry.student, entry.name = (identity.student, identity.name) if identity else (None, None)
+        if verdict.key is None:
+            entry.reason = verdict.reason
+            self.report.unmatched.append(entry)
+            if verdict.unreadable:
+                self.flag(entry.student, entry, entry.reason)
+            return
+        entry.assignment, entry.notebook = verdict.key
+        entry.reason = verdict.reason
+        when = identity.time or mtime or datetime.min
         entry.time = when.isoformat(sep=" ")
-        pile = candidates.setdefault((entry.student, *key), [])
+        pile = self.candidates.setdefault((entry.student, *verdict.key), [])
         pile.append(_Candidate(when, entry, content))
-        # keep the content of the latest file(s) only: memory holds one notebook per slot (ties aside)
+        self._supersede_older(pile, entry.student)
+
+    def _supersede_older(self, pile: list[_Candidate], student: str) -> None:
+        """Keep the content of the latest file(s) only: memory holds one notebook per slot (ties aside)."""
         latest = max(c.time for c in pile)
         for older in [c for c in pile if c.time < latest]:
             pile.remove(older)
-            report.superseded.append(older.entry)
-            older.entry.reason = f"older ({older.entry.time}) than another file of {entry.student}"
+            self.report.superseded.append(older.entry)
+            older.entry.reason = f"older ({older.entry.time}) than another file of {student}"
 
-    seen: dict[str, set[str]] = {a: set() for a in assignment_ids}
-    for (student, assignment, notebook), pile in sorted(candidates.items()):
-        pile.sort(key=lambda c: c.entry.source)
-        chosen = pile[-1]
-        for other in pile[:-1]:
-            other.entry.reason = f"same time ({other.entry.time}) as {chosen.entry.source}, which was graded"
-            report.superseded.append(other.entry)
-        if len(pile) > 1:
-            names = ", ".join(c.entry.source for c in pile)
-            manual.setdefault(assignment, {}).setdefault(student, []).append(
-                f"{len(pile)} files for {notebook} with the same time ({chosen.entry.time}): {names}; "
-                f"{chosen.entry.source} was graded (the last by path, not a judgement): check which one counts"
-            )
-        entry = chosen.entry
-        seen.setdefault(assignment, set()).add(student)
-        target = course.submitted / student / assignment / notebook
+    def write_submissions(self) -> None:
+        """Resolve ties (the last path is graded, the student marked) and write each chosen file."""
+        for (student, assignment, notebook), pile in sorted(self.candidates.items()):
+            pile.sort(key=lambda c: c.entry.source)
+            chosen = pile[-1]
+            for other in pile[:-1]:
+                other.entry.reason = f"same time ({other.entry.time}) as {chosen.entry.source}, which was graded"
+                self.report.superseded.append(other.entry)
+            if len(pile) > 1:
+                names = ", ".join(c.entry.source for c in pile)
+                self.manual.setdefault(assignment, {}).setdefault(student, []).append(
+                    f"{len(pile)} files for {notebook} with the same time ({chosen.entry.time}): {names}; "
+                    f"{chosen.entry.source} was graded (the last by path, not a judgement): check which one counts"
+                )
+            self._write(chosen, student, assignment, notebook)
+
+    def _write(self, chosen: _Candidate, student: str, assignment: str, notebook: str) -> None:
+        """submitted/<student>/<assignment>/<notebook> and timestamp.txt, and the copy as received."""
+        self.seen.setdefault(assignment, set()).add(student)
+        target = self.course.submitted / student / assignment / notebook
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink():
             target.unlink()
         target.write_bytes(chosen.content)
         (target.parent / "timestamp.txt").write_text(chosen.time.strftime("%Y-%m-%d %H:%M:%S.%f"))
-        received = course.work(assignment) / "received" / student / notebook
+        received = self.course.work(assignment) / "received" / student / notebook
         received.parent.mkdir(parents=True, exist_ok=True)
         received.write_bytes(chosen.content)
-        (received.parent / f"{notebook}.source").write_text(entry.source)
-        entry.path = str(target.relative_to(course.root))
-        report.collected.append(entry)
-    _flag_look_alike_names(report, manual)
-    for assignment in assignment_ids:
-        flagged = manual.get(assignment, {})
-        course.set_flags(assignment, "collect", flagged, seen.get(assignment, set()) | set(flagged))
-        for student, reasons in flagged.items():
-            report.manual.setdefault(student, []).extend(reasons)
-    (course.grading / "collect-report.json").write_text(json.dumps(report.to_json(), indent=1, ensure_ascii=False))
-    return report
+        (received.parent / f"{notebook}.source").write_text(chosen.entry.source)
+        chosen.entry.path = str(target.relative_to(self.course.root))
+        self.report.collected.append(chosen.entry)
+
+    def write_records(self) -> None:
+        """flags.json per assignment (look-alike names included) and grading/collect-report.json."""
+        _flag_look_alike_names(self.report, self.manual)
+        for assignment in self.assignment_ids:
+            flagged = self.manual.get(assignment, {})
+            self.course.set_flags(assignment, "collect", flagged, self.seen.get(assignment, set()) | set(flagged))
+            for student, reasons in flagged.items():
+                self.report.manual.setdefault(student, []).extend(reasons)
+        report = json.dumps(self.report.to_json(), indent=1, ensure_ascii=False)
+        (self.course.grading / "collect-report.json").write_text(report)
 
 
 def _flag_look_alike_names(report: CollectReport, manual: dict[str, dict[str, list[str]]]) -> None:

@@ -477,6 +477,10 @@ def test_blackboard_and_gradescope_exports(course_root, release, tmp_path):
     )
     report = collect(gradescope, course_root, [ASSIGNMENT])
     assert sorted(e.student for e in report.collected) == ["jane_doe_2026001", "jane_doe_2026002"]
+    reasons = {e.source: e.reason for e in report.unmatched}
+    assert reasons == {
+        "assignment_9_export/submission_metadata.yml": "Gradescope's list of submitters (read for the student ids)"
+    }, "the report lists the metadata file too"
 
 
 @pytest.mark.parametrize("order", [("a", "b"), ("b", "a")])

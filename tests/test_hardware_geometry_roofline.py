@@ -99,3 +99,51 @@ def test_roofline_leaves_out_the_embedding_and_runs_the_lm_head_only_where_logit
     assert moved == (llama.body_params + table) * 2 + 8 * 4096 * 2 + 8 * 1000 * 131072
     toy = geometry.ModelGeometry("toy", 2, 4, 2, 8, 32, num_params=10_000)  # no vocabulary: all parameters count
     assert roofline.prefill_flops_bytes(toy, 10)[0] == 2.0 * 10_000 * 10 + 4.0 * 2 * 4 * 8 * 10 * 10 / 2
+
+
+def test_moe_layouts_add_up_to_their_published_totals():
+    for name, layout in roofline.MOE_MODELS.items():
+        assert kv.get_model(name).num_params is not None, name  # every MoE model is in the catalogue
+        implied = layout.dense_params + layout.moe_layers * layout.experts * layout.expert_params
+        assert implied == pytest.approx(layout.total_params, rel=0.02), name
+        assert 0 < layout.dense_params < layout.active_params < layout.total_params, name
+    mixtral = roofline.MOE_MODELS["Mixtral-8x7B"]  # count_params counts Mixtral exactly: 46.70B
+    assert mixtral.total_params == pytest.approx(kv.get_model("Mixtral-8x7B").num_params, rel=0.001)
+
+
+def test_experts_read_grows_from_top_k_at_one_token_to_all_experts():
+    v3 = roofline.MOE_MODELS["DeepSeek-V3"]
+    assert v3.experts_read(0) == 0 and v3.experts_read(1) == pytest.approx(8)
+    assert v3.experts_read(4) == pytest.approx(256 * (1 - (1 - 8 / 256) ** 4))
+    assert v3.experts_read(4) < 4 * 8  # four tokens share some experts: fewer than 32 distinct
+    assert v3.experts_read(10_000) == pytest.approx(256)
+    assert v3.params_read(1) == pytest.approx(v3.active_params)
+    with pytest.raises(ValueError, match="tokens must be >= 0"):
+        v3.experts_read(-1)
+
+
+def test_a_moe_decode_step_reads_its_active_weights_at_batch_1_and_more_experts_as_the_batch_grows():
+    v3 = kv.get_model("DeepSeek-V3")
+    assert v3.weight_dtype == "fp8"  # its config's quantization_config: one byte per weight
+    at1 = roofline.moe_decode_bytes(v3, 1, "fp8")
+    assert 35e9 < at1 < 37e9  # 37 B active, less the input embedding (a lookup, 0.93 B)
+    assert roofline.moe_decode_bytes(v3, 1, "bf16") == pytest.approx(2 * at1)
+    assert at1 < roofline.moe_decode_bytes(v3, 8, "fp8") < roofline.moe_decode_bytes(v3, 64, "fp8") < 671e9
+    flops, moved = roofline.decode_step_flops_bytes(v3, 1, 0, weight_bytes_per_value=1.0)
+    assert flops == pytest.approx(2 * at1)  # 2 FLOPs per active parameter, not per one of the 671 B
+    assert moved == pytest.approx(at1 + v3.hidden_size * 2)  # the weights, plus one embedding row in bf16
+    prefill_flops, prefill_bytes = roofline.prefill_flops_bytes(v3, 4096, weight_bytes_per_value=1.0)
+    assert prefill_bytes > 0.95 * 671e9  # a long prompt reads (nearly) every expert
+    assert prefill_flops < 2 * 40e9 * 4096 + 4.0 * 61 * 128 * 192 * 4096 * 4096 / 2  # active parameters only
+    llama = kv.get_model("Llama-3-8B")  # dense: the same bytes at every batch
+    assert (
+        roofline.moe_decode_bytes(llama, 1)
+        == roofline.moe_decode_bytes(llama, 64)
+        == 2 * (llama.body_params + llama.lm_head_params)
+    )
+
+
+def test_weight_bytes_per_param_knows_the_served_formats():
+    assert [roofline.weight_bytes_per_param(d) for d in ("fp32", "bf16", "fp8", "int8", "int4")] == [4, 2, 1, 1, 0.5]
+    with pytest.raises(ValueError, match="choose one of fp32"):
+        roofline.weight_bytes_per_param("int3")

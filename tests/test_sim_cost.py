@@ -258,3 +258,25 @@ def test_the_fidelity_benchmark_says_when_the_noise_decides():
     scattered = [quiet[0], [StepSample(16, 0, 0, 0.015), StepSample(0, 4, 400, 0.004)]]
     verdict = sim_fidelity.noise_verdict(scattered, 0.2)
     assert "differ by up to 40%" in verdict and "measure the machine" in verdict
+
+
+def test_the_roofline_cost_reads_a_moes_active_experts_and_fp8_weights_at_one_byte():
+    from course import hardware, kv
+    from course.sim import RooflineCost
+
+    h100 = hardware.gpu("H100-SXM")
+    v3 = RooflineCost(kv.get_model("DeepSeek-V3"), h100)
+    assert v3.bytes_per_weight == 1.0  # published in fp8 (quantization_config), KV still 2 bytes
+    assert v3.weight_bytes_read(1) == pytest.approx(37e9, rel=1e-6)  # its active parameters, not 671 B x 2
+    assert v3.weight_bytes_read(1) < v3.weight_bytes_read(16) < v3.weight_bytes_read(2048) <= v3.weight_bytes
+    assert v3.weight_bytes_read(2048) > 0.99 * v3.weight_bytes  # a long prefill touches every expert
+    decode_1, decode_64 = v3.step_seconds(0, 1, 1000), v3.step_seconds(0, 64, 64000)
+    assert decode_1 == pytest.approx((37e9 + 1000 * v3.kv_bytes_per_token) / (h100.bandwidth * v3.bandwidth_efficiency))
+    assert decode_64 / decode_1 > 5  # a MoE decode batch is far from free: more experts every step
+    llama = RooflineCost(kv.get_model("Llama-3-8B"), h100)
+    assert (
+        llama.weight_bytes_read(1) == llama.weight_bytes_read(64) == llama.weight_bytes == 2 * llama.geometry.num_params
+    )
+    int4 = RooflineCost(kv.get_model("Llama-3-8B"), h100, weight_bytes_per_param=0.5)
+    assert int4.weight_bytes == llama.weight_bytes / 4 and int4.kv_bytes_per_token == llama.kv_bytes_per_token
+    assert "0.5 B/weight" in int4.describe()

@@ -38,6 +38,7 @@ from typing import Protocol
 
 import numpy as np
 
+from course import roofline
 from course.geometry import ModelGeometry
 from course.hardware import HardwareSpec
 
@@ -64,6 +65,9 @@ class RooflineCost:
         geometry: the model (``num_params`` is needed: weights are read once per step).
         hardware: peak FLOP/s and bandwidth (datasheet or measured).
         bytes_per_value: 2 for bf16/fp16 weights and KV cache.
+        weight_bytes_per_param: bytes per stored weight when they differ from the KV cache's (1 for fp8
+            or int8 weights, 0.5 for int4); None: 1 where the model publishes fp8 weights (its config's
+            ``quantization_config``, e.g. DeepSeek-V3), else ``bytes_per_value``.
         flops_efficiency, bandwidth_efficiency: fraction of each roof that real kernels reach.
         step_overhead: fixed seconds per step (scheduler, kernel launches); 0 = pure roofline.
         attention_flops: count the attention's FLOPs (4 x layers x query heads x head_dim per pair)
@@ -73,6 +77,7 @@ class RooflineCost:
     geometry: ModelGeometry
     hardware: HardwareSpec
     bytes_per_value: float = 2.0
+    weight_bytes_per_param: float | None = None
     flops_efficiency: float = ROOFLINE_EFFICIENCY["flops"]
     bandwidth_efficiency: float = ROOFLINE_EFFICIENCY["bandwidth"]
     step_overhead: float = 0.0
@@ -92,8 +97,28 @@ class RooflineCost:
     # Cached: the cost is asked for every simulated step, and the geometry derives the KV bytes from
     # its layer kinds (one pass over the layers), which made 10,000-request runs 10-30 % slower.
     @functools.cached_property
+    def bytes_per_weight(self) -> float:
+        """Bytes one stored weight takes (see ``weight_bytes_per_param``)."""
+        if self.weight_bytes_per_param is not None:
+            return self.weight_bytes_per_param
+        return 1.0 if self.geometry.weight_dtype == "fp8" else self.bytes_per_value
+
+    @functools.cached_property
     def weight_bytes(self) -> float:
-        return self.geometry.num_params * self.bytes_per_value
+        """Bytes of every weight: what a dense model reads each step (a MoE model: at most this)."""
+        return self.geometry.num_params * self.bytes_per_weight
+
+    @functools.cached_property
+    def _moe(self) -> roofline.MoeLayout | None:
+        return roofline.moe_layout(self.geometry)
+
+    def weight_bytes_read(self, tokens: float) -> float:
+        """Weight bytes a step of ``tokens`` tokens reads: all of them for a dense model; for a mixture of
+        experts (``course.roofline.MOE_MODELS``) its dense part and only the experts those tokens were
+        routed to (the active parameters at one token, all experts for a long prefill)."""
+        if self._moe is None:
+            return self.weight_bytes
+        return min(self._moe.params_read(max(tokens, 1)), self.geometry.num_params) * self.bytes_per_weight
 
     @functools.cached_property
     def kv_bytes_per_token(self) -> float:
@@ -106,13 +131,15 @@ class RooflineCost:
             flops += 4.0 * g.num_layers * g.num_query_heads * g.head_dim * attention_pairs
         return flops
 
-    def bytes_moved(self, kv_tokens_read: int) -> float:
-        """Weights once per step, plus the cached KV that attention reads.
+    def bytes_moved(self, kv_tokens_read: int, tokens: float | None = None) -> float:
+        """Weights once per step (only those ``tokens`` tokens were routed to, for a mixture of experts;
+        None: every weight), plus the cached KV that attention reads.
 
         Activations and the new tokens' KV writes are left out: for a 2048-token chunk of
         Llama-3-8B they are about 2 % of the 16 GB of weights.
         """
-        return self.weight_bytes + self.kv_bytes_per_token * kv_tokens_read
+        weights = self.weight_bytes if tokens is None else self.weight_bytes_read(tokens)
+        return weights + self.kv_bytes_per_token * kv_tokens_read
 
     def step_seconds(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float = 0.0
@@ -120,12 +147,15 @@ class RooflineCost:
         compute = self.flops(prefill_tokens, decode_tokens, attention_pairs) / (
             self.hardware.flops * self.flops_efficiency
         )
-        memory = self.bytes_moved(kv_tokens_read) / (self.hardware.bandwidth * self.bandwidth_efficiency)
+        tokens = prefill_tokens + decode_tokens
+        memory = self.bytes_moved(kv_tokens_read, tokens) / (self.hardware.bandwidth * self.bandwidth_efficiency)
         return self.step_overhead + max(compute, memory)
 
     def describe(self) -> str:
         return (
-            f"roofline: {self.geometry.name} on {self.hardware.name}, {self.bytes_per_value:g} B/value, "
+            f"roofline: {self.geometry.name} on {self.hardware.name}, {self.bytes_per_value:g} B/value"
+            + (f" ({self.bytes_per_weight:g} B/weight)" if self.bytes_per_weight != self.bytes_per_value else "")
+            + ", "
             f"efficiency {self.flops_efficiency:.0%} FLOP/s, {self.bandwidth_efficiency:.0%} bandwidth"
             + (f", {self.step_overhead * 1e3:g} ms overhead per step" if self.step_overhead else "")
         )

@@ -249,7 +249,20 @@ def _command(
     return parser
 
 
+PATTERN_HELP = (
+    "student id from the path: a preset, the dotted name of an nbgrader collector plugin class (an "
+    "autograder.plugins.CourseCollector subclass, or any nbgrader FileNameCollectorPlugin, configured by the "
+    "course's nbgrader_config.py), or a regex applied to the path inside the download with a named group "
+    "'student' (a name) and/or 'id' (the LMS's user id), optionally 'time' (YYYY-MM-DD-HH-MM-SS). Presets "
+    "(nbgrader collector plugins in autograder.plugins, which plain `nbgrader zip_collect --collector` can load "
+    "too): gradescope (submission_metadata.yml), moodle ('Name_<participant id>_assignsubmission_file_'), canvas "
+    "('lastfirst[_LATE]_<user id>_<attachment id>_file'), blackboard ('<assignment>_<username>_attempt_<time>_file'), "
+    "folder (first folder), file (file name up to the first _, - or space), auto (try those in that order; default)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``autograder`` command line: one subcommand per step (``_add_<step>``)."""
     parser = argparse.ArgumentParser(
         prog="autograder",
         description="Instructor tools of the LLM serving course: release, collect, repair, grade, feedback, "
@@ -267,7 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
         "refuses instead of acting on the checkout the autograder is installed from)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_release, _add_collect, _add_repair, _add_grade, _add_feedback, _add_export, _add_run, _add_check):
+        add(commands)
+    return parser
 
+
+def _add_release(commands) -> None:
     rel = _command(
         commands,
         "release",
@@ -280,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("assignments", nargs="*", help="assignment ids (default: all folders of solutions/)")
     rel.add_argument("--db-url", default=None, help="gradebook URL (default: sqlite gradebook.db in the root)")
 
+
+def _add_collect(commands) -> None:
     col = _command(
         commands,
         "collect",
@@ -296,17 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     col.add_argument("submissions", type=Path, help="LMS download: a .zip file or a folder")
     col.add_argument("--assignment", action="append", help="only this assignment (repeatable; default: all)")
-    col.add_argument(
-        "--pattern",
-        default="auto",
-        help="student id from the path: a preset, or a regex applied to the path inside the download with a "
-        "named group 'student' (a name) and/or 'id' (the LMS's user id), optionally 'time' (YYYY-MM-DD-HH-MM-SS). "
-        "Presets: gradescope (submission_metadata.yml), moodle ('Name_<participant id>_assignsubmission_file_'), "
-        "canvas ('lastfirst[_LATE]_<user id>_<attachment id>_file'), blackboard "
-        "('<assignment>_<username>_attempt_<time>_file'), folder (first folder), file (file name up to the first "
-        "_, - or space), auto (try those in that order; default)",
-    )
+    col.add_argument("--pattern", default="auto", help=PATTERN_HELP)
 
+
+def _add_repair(commands) -> None:
     _command(
         commands,
         "repair",
@@ -319,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
         students=True,
     )
 
+
+def _add_grade(commands) -> None:
     gra = _command(
         commands,
         "grade",
@@ -334,6 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     _db_option(gra)
     _grade_options(gra)
 
+
+def _add_feedback(commands) -> None:
     fee = _command(
         commands,
         "feedback",
@@ -346,18 +363,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _db_option(fee)
 
+
+def _add_export(commands) -> None:
     exp = _command(
         commands,
         "export",
         _export,
         "write grades.csv and a per-exercise summary.csv",
         "grades.csv: per student, the score of each exercise, total, max and status; summary.csv: "
-        "per exercise, points, mean and share of full marks. Default folder: grading/<assignment>/.",
+        "per exercise, points, mean and share of full marks. Default folder: grading/<assignment>/. The same "
+        "files as `nbgrader export --exporter=autograder.plugins.CourseCsvExport` (an nbgrader export plugin).",
     )
     exp.add_argument("assignment")
     exp.add_argument("--output", type=Path, default=None, help="folder for the CSV files")
     _db_option(exp)
 
+
+def _add_run(commands) -> None:
     run = _command(
         commands,
         "run",
@@ -374,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     _db_option(run)
     _grade_options(run)
 
+
+def _add_check(commands) -> None:
     chk = _command(
         commands,
         "check",
@@ -387,7 +411,6 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("notebook", type=Path)
     chk.add_argument("--source", type=Path, default=None, help="course root, solutions/ folder or source notebook")
     chk.add_argument("--timeout", type=int, default=300, help="seconds per cell (default 300)")
-    return parser
 
 
 def find_course(start: Path) -> Path | None:

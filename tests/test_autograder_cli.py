@@ -88,3 +88,19 @@ def test_it_acts_on_the_course_of_the_current_folder_and_says_which(tmp_path, mo
     explicit = tmp_path / "other"
     code = cli.main(["--root", str(explicit), "collect", str(tmp_path / "nowhere.zip"), "--assignment", "m1"])
     assert f"course root {explicit.resolve()}" in capsys.readouterr().err
+
+
+def test_collect_and_export_name_their_nbgrader_plugins(tmp_path, capsys):
+    """The presets and the CSV are nbgrader plugins: the help says how plain nbgrader loads them."""
+    for step, words in (
+        ("collect", ["nbgrader zip_collect --collector", "FileNameCollectorPlugin"]),
+        ("export", ["nbgrader export --exporter=autograder.plugins.CourseCsvExport"]),
+    ):
+        with pytest.raises(SystemExit):
+            cli.main([step, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert all(word in text for word in words), (step, text)
+    code = cli.main(
+        ["--root", str(tmp_path), "collect", str(tmp_path), "--assignment", "m1", "--pattern", "json.JSONDecoder"]
+    )
+    assert code == 2 and "not an nbgrader FileNameCollectorPlugin" in capsys.readouterr().err

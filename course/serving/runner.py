@@ -15,6 +15,13 @@ returning ``(logits of the last position (rows, 1, vocab), cache)``:
   ``tests/test_serving_runner.py`` checks that its logits match the ``transformers`` forward pass.
 
 :func:`runner_for` picks the fast runner when it can serve the model, else the general one.
+
+On a CPU, :class:`LlamaRunner` multiplies with oneDNN's linear on weights reordered once into its
+blocked layout (:data:`course.kernels.PACKED`), as vLLM's CPU build does (``vllm/model_executor/layers/
+utils.py``: ``dispatch_cpu_unquantized_gemm`` in 0.32.0): PyTorch's stock ``F.linear`` hands a batch of
+2-16 rows to a kernel that reads the weights several times, so a batched decode step of a model whose
+weights outgrow the cache grew with the batch (module 1 shows it; ``benchmarks/serving.py --peers
+--model 170m`` measures the server against vLLM). ``COURSE_LINEAR_KERNEL=stock`` forces the stock path.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from course.kernels import PACKED, STOCK
 from course.models import forward, new_cache
 
 __all__ = ["KVCache", "LlamaRunner", "TransformersRunner", "runner_for"]
@@ -120,13 +128,11 @@ class _Layer:
     """One decoder layer's weights, fused as vLLM fuses them (views of the model's own parameters)."""
 
     input_norm: Any
-    qkv: Any  # (q + 2 kv) x hidden
-    qkv_bias: Any
-    out: Any
-    out_bias: Any
+    qkv: Callable  # hidden -> q + 2 kv
+    out: Callable  # heads x head_dim -> hidden
     post_norm: Any
-    gate_up: Any  # 2 intermediate x hidden
-    down: Any
+    gate_up: Callable  # hidden -> 2 intermediate
+    down: Callable  # intermediate -> hidden
     intermediate: int
 
 
@@ -158,23 +164,21 @@ class LlamaRunner:
         self.embed = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb  # transformers' own: every rope type, scaling included
         self.final_norm = inner.norm.weight
-        self.lm_head = model.lm_head.weight
+        self.kernel = linear_kernel(model)
+        linear = _LINEAR_KERNELS[self.kernel]
         self.layers = []
         with torch.no_grad():
+            self.lm_head = linear(model.lm_head.weight, None)
             for layer in inner.layers:
                 attn, mlp = layer.self_attn, layer.mlp
-                qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-                gate_up = _fuse([mlp.gate_proj, mlp.up_proj])
                 self.layers.append(
                     _Layer(
                         input_norm=layer.input_layernorm.weight,
-                        qkv=qkv[0],
-                        qkv_bias=qkv[1],
-                        out=attn.o_proj.weight,
-                        out_bias=attn.o_proj.bias,
+                        qkv=linear(*_fuse([attn.q_proj, attn.k_proj, attn.v_proj])),
+                        out=linear(attn.o_proj.weight, attn.o_proj.bias),
                         post_norm=layer.post_attention_layernorm.weight,
-                        gate_up=gate_up[0],
-                        down=mlp.down_proj.weight,
+                        gate_up=linear(*_fuse([mlp.gate_proj, mlp.up_proj])),
+                        down=linear(mlp.down_proj.weight, None),
                         intermediate=mlp.gate_proj.weight.shape[0],
                     )
                 )
@@ -202,15 +206,52 @@ class LlamaRunner:
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         for layer, layer_cache in zip(self.layers, cache.layers):
             h = _rms_norm(x, layer.input_norm, self.eps)
-            q, k, v = F.linear(h, layer.qkv, layer.qkv_bias).split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
+            q, k, v = layer.qkv(h).split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
             q = _rotate(q.view(rows, new, heads, dim).transpose(1, 2), cos, sin)
             k = _rotate(k.view(rows, new, kv_heads, dim).transpose(1, 2), cos, sin)
             k, v = layer_cache.append(k, v.view(rows, new, kv_heads, dim).transpose(1, 2))
-            x = x + F.linear(_attend(q, k, v, mask, new, kv_heads), layer.out, layer.out_bias)
-            gate, up = F.linear(_rms_norm(x, layer.post_norm, self.eps), layer.gate_up).split(layer.intermediate, -1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
-        logits = F.linear(_rms_norm(x[:, -1:], self.final_norm, self.eps), self.lm_head)
+            x = x + layer.out(_attend(q, k, v, mask, new, kv_heads))
+            gate, up = layer.gate_up(_rms_norm(x, layer.post_norm, self.eps)).split(layer.intermediate, -1)
+            x = x + layer.down(F.silu(gate) * up)
+        logits = self.lm_head(_rms_norm(x[:, -1:], self.final_norm, self.eps))
         return logits, cache
+
+
+def _stock_linear(weight, bias) -> Callable:
+    """``x -> x @ weight.T + bias`` with ``torch.nn.functional.linear`` on the plain weight."""
+    import torch.nn.functional as F
+
+    return lambda x: F.linear(x, weight, bias)
+
+
+def _packed_linear(weight, bias) -> Callable:
+    """The same product with oneDNN's linear on the weight reordered once into its blocked layout."""
+    import torch
+
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+_LINEAR_KERNELS = {STOCK: _stock_linear, PACKED: _packed_linear}
+
+
+def linear_kernel(model: Any) -> str:
+    """The kernel path :class:`LlamaRunner` takes for ``model``'s linear layers (see the module docstring).
+
+    ``COURSE_LINEAR_KERNEL=stock`` or ``=onednn-packed`` forces one (A/B runs); the packed path is
+    refused with the reason when this PyTorch or device cannot run it.
+    """
+    import os
+
+    from course.kernels import packed_path_available
+
+    wanted = os.environ.get("COURSE_LINEAR_KERNEL", "auto")
+    if wanted not in ("auto", *_LINEAR_KERNELS):
+        raise ValueError(f"COURSE_LINEAR_KERNEL={wanted!r}: use auto, {STOCK} or {PACKED}")
+    reason = packed_path_available(model)
+    if wanted == PACKED and reason:
+        raise ValueError(f"COURSE_LINEAR_KERNEL={PACKED}: {reason}")
+    return STOCK if wanted == STOCK or reason else PACKED
 
 
 def unsupported_reason(model: Any) -> str | None:

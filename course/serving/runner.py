@@ -140,8 +140,9 @@ class LlamaRunner:
     """A Llama-family forward pass over a ``transformers`` model's weights (see the module docstring).
 
     The fused q/k/v and gate/up matrices are copies made once, when the runner is built (about 0.7x
-    the model's non-embedding weights again); the other weights are the model's own tensors. The
-    model itself is left untouched (still savable with ``save_pretrained``).
+    the model's non-embedding weights again); on the packed kernel path every linear weight and the
+    output head are reordered copies instead (about the model's weights again, the tied embedding
+    included). The model itself is left untouched (still savable with ``save_pretrained``).
     """
 
     name = "llama"

@@ -203,3 +203,89 @@ def test_runner_decode_steps_times_one_step_per_token_after_an_untimed_prefill()
     times = measure.runner_decode_steps(lm, counting, batch=3, prompt_tokens=7, steps=5, seed=1)
     assert len(times) == 5 and all(t > 0 for t in times)
     assert calls == [(3, 7)] + [(3, 1)] * 5  # the prefill, then one token per row per step
+
+
+def _paired_rounds(bandwidths, lm, flops=100e9):
+    """Rounds on a machine whose speed swings: every phase is slower exactly when its round's roofs are."""
+    read_bytes, n = 2**30, 2048
+    rounds = []
+    for bw in bandwidths:
+        step1 = phases.decode_bytes_per_step(lm, 1, 256) / (0.5 * bw)  # always half of this round's read
+        f = flops * bw / bandwidths[0]  # the matmul roof swings with it
+        t512 = phases.prefill_flops(lm, 512) / (0.6 * f)
+        rounds.append(
+            phases.PhaseRound(read_bytes / bw, 2 * n**3 / f, {1: step1, 8: 1.2 * step1}, {64: 1.0, 512: t512})
+        )
+    return rounds
+
+
+def test_interleaved_figures_pair_each_phase_with_its_own_rounds_roofs():
+    lm = models.build_tiny_model(seed=0)
+    bandwidths = [10e9, 14e9, 21e9, 12e9, 18e9]  # the issue's roofs moved by half between runs
+    rounds = _paired_rounds(bandwidths, lm)
+    roofs = MeasuredRoofs(
+        "cpu", "toy", "float32", 21e9, 210e9, 2**30, 2048, tuple(r.read_seconds for r in rounds),
+        tuple(r.matmul_seconds for r in rounds), None, 1e10,
+    )  # fmt: skip
+    decode = [Timing.of(b, [r.decode[b] for r in rounds]) for b in (1, 8)]
+    prefill = [Timing.of(n, [r.prefill[n] for r in rounds]) for n in (64, 512)]
+    paired = phases.PhaseFigures(lm, roofs, "stock", 256, decode, prefill, 1, load=0.1, rounds=rounds)
+    assert math.isclose(paired.decode_bandwidth_fraction, 0.5)
+    assert math.isclose(paired.decode_step_ratio(8), 1.2)
+    assert math.isclose(paired.prefill_flops_fraction, 0.6)
+    assert paired.noise_check().ok  # the rounds agree although the raw timings spread by 2x
+    unpaired = phases.PhaseFigures(lm, roofs, "stock", 256, decode, prefill, 1, load=0.1)
+    assert unpaired.decode_bandwidth_fraction < 0.4 and not unpaired.noise_check().ok  # median step vs best roof
+    d = paired.to_dict()
+    assert d["rounds"] == 5 and math.isclose(d["paired_figures"]["batch-8 step over batch 1"]["median"], 1.2)
+
+
+def test_the_interleaved_noise_check_drops_one_outlying_round_each_way_from_five_on():
+    assert phases.central([5.0, 1.0, 1.1, 0.2, 1.05]) == [1.0, 1.05, 1.1]
+    assert phases.central([5.0, 1.0, 1.1]) == [1.0, 1.1, 5.0]  # too few rounds to drop any
+    lm = models.build_tiny_model(seed=0)
+    rounds = _paired_rounds([10e9] * 5, lm)
+    hit = rounds[2]  # one round in which batch 8 was hit by other work
+    rounds[2] = phases.PhaseRound(
+        hit.read_seconds, hit.matmul_seconds, {1: hit.decode[1], 8: 3 * hit.decode[1]}, hit.prefill
+    )
+    roofs = MeasuredRoofs("cpu", "toy", "float32", 10e9, 100e9, 2**30, 2048, (0.1,) * 5, (0.1,) * 5, None, 1e10)
+    decode = [Timing.of(b, [r.decode[b] for r in rounds]) for b in (1, 8)]
+    prefill = [Timing.of(n, [r.prefill[n] for r in rounds]) for n in (64, 512)]
+    figures = phases.PhaseFigures(lm, roofs, "stock", 256, decode, prefill, 1, load=0.1, rounds=rounds)
+    assert math.isclose(figures.decode_step_ratio(8), 1.2) and figures.noise_check().ok
+    rounds[3] = rounds[2]  # two disturbed rounds: no longer an outlier
+    figures = phases.PhaseFigures(lm, roofs, "stock", 256, decode, prefill, 1, load=0.1, rounds=rounds)
+    assert not figures.noise_check().ok
+
+
+def test_measure_phases_interleaves_roofs_and_phases_in_rounds():
+    lm = models.build_tiny_model(seed=0)
+    f = phases.measure_phases(lm, quick=True, batch_sizes=[1, 8], prompt_lengths=[16, 32], steps=2, rounds=3)
+    assert len(f.rounds) == 3 and all(set(r.decode) == {1, 8} and set(r.prefill) == {16, 32} for r in f.rounds)
+    assert len(f.roofs.read_times) == 9 and f.roofs.bandwidth == f.roofs.read_bytes / min(f.roofs.read_times)
+    assert all(t.n == 3 for t in (*f.decode, *f.prefill))  # one value per round
+    assert [t.low for t in f.decode] == [min(r.decode[b] for r in f.rounds) for b in (1, 8)]
+    assert f.to_dict()["rounds"] == 3 and set(f.to_dict()["paired_figures"]) == {
+        "decode share of the memory roof",
+        "batch-8 step over batch 1",
+        "prefill share of the compute roof",
+    }
+    with pytest.raises(ValueError, match="rounds and steps must be >= 1"):
+        phases.measure_phases(lm, quick=True, rounds=0)
+
+
+def test_quick_phase_model_is_a_smaller_llama_still_far_larger_than_a_cpu_cache():
+    lm = phases.phase_model(quick=True, device="cpu", verbose=False)
+    assert lm.name == phases.QUICK_PHASE_NAME and lm.geometry.attention == "GQA"
+    assert 30e6 < lm.num_params < 50e6 and lm.weight_bytes > 4 * 32 * 2**20  # 4x a large laptop cache
+    again = phases.phase_model(quick=True, device="cpu", verbose=False)
+    assert all(torch.equal(a, b) for a, b in zip(lm.model.parameters(), again.model.parameters()))
+
+
+def test_the_prefill_prediction_names_the_roof_that_sets_it():
+    lm = models.build_tiny_model(seed=0)
+    seconds, roof = phases.predicted_prefill_seconds(lm, _roofs(bandwidth=10e9, flops=100e9), 512)
+    assert roof == "compute" and math.isclose(seconds, phases.prefill_flops(lm, 512) / 100e9)
+    _, roof = phases.predicted_prefill_seconds(lm, _roofs(bandwidth=10e9, flops=1e15), 1)
+    assert roof == "memory"

@@ -37,6 +37,9 @@ class TimedRunner:
     def new_cache(self):
         return self.runner.new_cache()
 
+    def __getattr__(self, name: str):  # the rest of the runner's interface (cache_from for prefix-cache hits)
+        return getattr(self.runner, name)
+
     def __call__(self, *args, **kwargs):
         start = time.perf_counter()
         out = self.runner(*args, **kwargs)

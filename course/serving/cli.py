@@ -15,6 +15,7 @@ import json
 import os
 import sys
 
+from course.serving.prefix_cache import DEFAULT_CAPACITY_BYTES as DEFAULT_PREFIX_CACHE_BYTES  # light: no torch
 from course.serving.protocol import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_REQUEST_BYTES  # light: no FastAPI
 
 
@@ -44,6 +45,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokens computed per engine iteration: one for each running request, the rest for prompt chunks "
         "(a longer prompt is prefilled over several iterations, as with vLLM's --max-num-batched-tokens); "
         "default 512",
+    )
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the keys and values of a prompt's leading full blocks of 16 tokens when an earlier prompt "
+        "began the same way (vLLM's --enable-prefix-caching, on by default as in vLLM)",
+    )
+    parser.add_argument(
+        "--prefix-cache-gib",
+        type=float,
+        default=DEFAULT_PREFIX_CACHE_BYTES / 2**30,
+        help="memory for cached prefix blocks, GiB on the model's device (least recently used evicted first; "
+        f"default {DEFAULT_PREFIX_CACHE_BYTES / 2**30:g})",
     )
     parser.add_argument(
         "--runner",
@@ -130,6 +145,9 @@ def serve(args: argparse.Namespace) -> int:
         os.environ.setdefault(key, value)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.prefix_cache_gib < 0:
+        print(f"course serve: error: --prefix-cache-gib must be >= 0, got {args.prefix_cache_gib:g}", file=sys.stderr)
+        return 2
     name = {"tiny": TINY_NAME, "prose": PROSE_NAME}.get(args.model, args.model)
     try:
         lm = load_model(
@@ -158,6 +176,7 @@ def serve(args: argparse.Namespace) -> int:
             access_log=args.access_log,
             runner=args.runner,
             engine_process=args.engine_core == "process",
+            prefix_cache_bytes=int(args.prefix_cache_gib * 2**30) if args.enable_prefix_caching else 0,
         )
     except EngineStartError as err:
         print(f"course serve: error: {err}", file=sys.stderr)
@@ -187,6 +206,7 @@ def serve(args: argparse.Namespace) -> int:
     print(
         f"serving {app.state.model_name} on http://{args.host}:{args.port}/v1 (max batch {engine.max_batch_size}, "
         f"context {engine.max_model_len} tokens, {engine.runner.name} runner, engine core in a {args.engine_core}, "
+        f"prefix caching {engine.stats().get('prefix_caching', 'off')}, "
         f"{torch.get_num_threads()} CPU threads); "
         "Ctrl-C stops",
         flush=True,

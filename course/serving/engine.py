@@ -37,11 +37,23 @@ The pieces, split as nano-vllm splits its engine (``engine/{scheduler,sequence,m
 * :mod:`course.serving.request`: a request and the sink that delivers its events;
 * :mod:`course.serving.runner`: one forward pass over the batch (a lean Llama-family runner, or
   the ``transformers`` model's own forward pass);
+* :mod:`course.serving.prefix_cache`: the keys and values of full prompt blocks, hashed as vLLM
+  hashes them, for requests that start with a prompt prefix seen before;
 * this module: the loop that ties them to the model (prefill, decode, finishing requests).
+
+**Prefix caching** (on by default, as in vLLM V1): when a request is admitted, the engine looks up
+the longest run of its prompt's leading full blocks in the prefix cache (never the whole prompt: the
+last token is always computed, for its logits), copies their keys and values into the request's own
+cache and prefills only the rest, on top of them, as a chunked prefill's later chunk does. Once a
+prompt is prefilled, its full blocks go into the cache. A hit is counted where vLLM counts it, at
+admission; the token budget of that iteration still counts the whole chunk the scheduler planned, so
+the tokens a hit saves are not lent to other prompts in the same iteration (vLLM looks up before it
+budgets).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -51,6 +63,7 @@ from typing import Any
 
 from course.models import LanguageModel
 from course.serving.batch_cache import BatchCache
+from course.serving.prefix_cache import DEFAULT_CAPACITY_BYTES, PrefixCache
 from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver, wait_for_tokens
 from course.serving.runner import runner_for
 from course.serving.sampler import Sampler, SamplingParams
@@ -80,6 +93,10 @@ class Engine:
         on_events: where each step's ``(request, TokenEvent)`` pairs go; default
             :func:`~course.serving.request.deliver` (to each request's consumer).
             :mod:`course.serving.engine_process` sends them to another process instead.
+        prefix_cache_bytes: the budget of the prefix cache (:mod:`course.serving.prefix_cache`),
+            bytes of cached keys and values on the model's device; 0 turns prefix caching off. A
+            model whose cache cannot be reused (sliding-window layers) runs without it
+            (``prefix_cache_off`` says why).
     """
 
     def __init__(
@@ -91,6 +108,7 @@ class Engine:
         background: bool = True,
         runner: str = "auto",
         on_events: Callable[[list[tuple[EngineRequest, TokenEvent]]], None] = deliver,
+        prefix_cache_bytes: int = DEFAULT_CAPACITY_BYTES,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -108,6 +126,12 @@ class Engine:
         self.runner = runner_for(lm.model, runner)
         self.scheduler = Scheduler(max_batch_size, max_prefill_tokens)
         self.batch = BatchCache(lm.device, self.runner.mask_4d)  # touched only by the engine thread
+        if prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0 (0 = off), got {prefix_cache_bytes}")
+        self.prefix_cache_off = "turned off" if not prefix_cache_bytes else self.runner.prefix_reuse_unsupported
+        # engine thread only: lookups and insertions happen between forward passes
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if self.prefix_cache_off is None else None
+        self._to_cache: list[tuple[list[EngineRequest], list, list[int]]] = []  # prefills whose blocks to cache
         self.prefilling: list[EngineRequest] = []  # partly prefilled, oldest first (engine thread only)
         self.sampler = Sampler()
         self._ids = itertools.count()
@@ -138,6 +162,8 @@ class Engine:
         """
         prompt_ids = checked_prompt(prompt_ids, params, self.max_model_len, self.lm.vocab_size)
         request = EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params)
+        if self.prefix_cache is not None:  # hashed here, on the caller's thread, not in the engine loop
+            request.block_hashes = self.prefix_cache.hashes(prompt_ids)
         self.scheduler.add(request)
         self._ensure_started()
         return request
@@ -213,7 +239,16 @@ class Engine:
             "max_batch_size": self.max_batch_size,
             "max_model_len": self.max_model_len,
             "runner": self.runner.name,
+            **self.prefix_cache_stats(),
         }
+
+    def prefix_cache_stats(self) -> dict[str, Any]:
+        """The prefix cache's counters (queries and hits in prompt tokens, as vLLM counts them; blocks
+        and bytes held), zeros when it is off; ``prefix_caching`` is "on" or why it is off."""
+        if self.prefix_cache is None:
+            return {"prefix_caching": self.prefix_cache_off, "prefix_cache_queries": 0, "prefix_cache_hits": 0,
+                    "prefix_cache_blocks": 0, "prefix_cache_bytes": 0, "prefix_cache_evictions": 0}  # fmt: skip
+        return {"prefix_caching": "on", **self.prefix_cache.stats()}
 
     # --- the engine thread ----------------------------------------------------------------------
 
@@ -287,14 +322,48 @@ class Engine:
 
     def _prefill(self, chunks: list[tuple[EngineRequest, int]]) -> None:
         """Prefill this iteration's chunks: whole prompts together in one forward pass, each part
-        of a longer prompt in a forward pass of its own over the cache of its earlier chunks."""
+        of a longer prompt in a forward pass of its own over the cache of its earlier chunks (or of
+        its prefix-cache hit)."""
+        self._to_cache = []
+        if self.prefix_cache is not None:
+            chunks = [(r, self._reuse_prefix(r, n)) if r.num_computed_tokens == 0 else (r, n) for r, n in chunks]
         whole = [r for r, n in chunks if r.num_computed_tokens == 0 and n == r.num_prompt_tokens]
         for request, n in chunks:
             if request not in whole:
                 self._prefill_chunk(request, n)
         if whole:
             self._prefill_whole(whole)
-        self._flush()
+        self._flush()  # first tokens go out before the prompts' blocks are copied into the cache
+        if self.prefix_cache is not None:
+            self._cache_prompts()
+
+    def _reuse_prefix(self, request: EngineRequest, n: int) -> int:
+        """Admit ``request`` (planned to prefill ``n`` tokens now) through the prefix cache: with a
+        hit, its cache starts as a copy of the cached blocks and it joins the partly prefilled
+        requests. Returns the tokens left to prefill in this iteration."""
+        import torch
+
+        blocks = self.prefix_cache.lookup(request.block_hashes, request.num_prompt_tokens)
+        if not blocks:
+            return n
+        # (blocks, layers, 2, kv_heads, block_size, head_dim) -> (layers, 2, kv_heads, hit tokens, head_dim)
+        stacked = torch.stack(blocks).permute(1, 2, 3, 0, 4, 5)
+        layers, _, heads, count, size, dim = stacked.shape
+        kv = stacked.reshape(layers, 2, heads, count * size, dim)
+        request.prefill_cache = self.runner.cache_from([(k.unsqueeze(0), v.unsqueeze(0)) for k, v in kv])
+        request.num_computed_tokens = count * size
+        self.prefilling.append(request)
+        return min(n, request.prompt_tokens_left)
+
+    def _cache_prompts(self) -> None:
+        """Put the full blocks of the prompts prefilled in this iteration into the prefix cache."""
+        size = self.prefix_cache.block_size
+        for requests, layers, lengths in self._to_cache:
+            width = layers[0][0].shape[-2]
+            for row, (request, length) in enumerate(zip(requests, lengths)):  # rows are left-padded to width
+                block = functools.partial(_prompt_block, layers, row, width - length, size)
+                self.prefix_cache.insert(request.block_hashes, block)
+        self._to_cache = []
 
     def _prefill_chunk(self, request: EngineRequest, n: int) -> None:
         """The next ``n`` prompt tokens of ``request``, after the ones already in its cache."""
@@ -337,6 +406,8 @@ class Engine:
     def _first_tokens(self, logits, requests: list[EngineRequest], prompt_cache, lengths: list[int]) -> None:
         """Sample the first token of prompts just prefilled (``logits``: (rows, 1, vocab)); the
         requests that go on join the running batch with their rows of ``prompt_cache``."""
+        if self.prefix_cache is not None:  # the prompts' keys and values, before the batch takes the cache over
+            self._to_cache.append((requests, [(layer.keys, layer.values) for layer in prompt_cache.layers], lengths))
         tokens, logprobs, _ = self._sample(logits[:, -1, :], requests)
         now = time.perf_counter()
         keep = []
@@ -456,6 +527,16 @@ def checked_prompt(prompt_ids: Sequence[int], params: SamplingParams, max_model_
     if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
         raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
     return prompt_ids
+
+
+def _prompt_block(layers: list[tuple[Any, Any]], row: int, start: int, size: int, j: int) -> Any:
+    """Block ``j`` of the prompt in ``row`` of a prefill's ``layers`` (``(keys, values)`` per layer,
+    ``(rows, kv_heads, T, head_dim)``), whose first token is at column ``start``: a new tensor
+    ``(layers, 2, kv_heads, size, head_dim)``, not a view (a view would keep the whole prefill alive)."""
+    import torch
+
+    at = start + j * size
+    return torch.stack([torch.stack((k[row, :, at : at + size], v[row, :, at : at + size])) for k, v in layers])
 
 
 def _eos_ids(lm: LanguageModel) -> frozenset[int]:

@@ -57,6 +57,7 @@ from course.serving.messages import (
     Shutdown,
     StepOutputs,
 )
+from course.serving.prefix_cache import DEFAULT_CAPACITY_BYTES as DEFAULT_PREFIX_CACHE_BYTES
 from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver, wait_for_tokens
 from course.serving.sampler import SamplingParams
 
@@ -80,7 +81,7 @@ class EngineProcess:
     Args:
         lm: the model and tokenizer (the tokenizer stays here for the server; the weights are
             shared with the child, not copied).
-        max_batch_size, max_model_len, max_prefill_tokens, runner: as for :class:`Engine`.
+        max_batch_size, max_model_len, max_prefill_tokens, runner, prefix_cache_bytes: as for :class:`Engine`.
         start_timeout: seconds to wait for the child to build its engine.
 
     Raises:
@@ -95,6 +96,7 @@ class EngineProcess:
         max_prefill_tokens: int = 512,
         runner: str = "auto",
         start_timeout: float = START_TIMEOUT_S,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         import torch
 
@@ -104,6 +106,7 @@ class EngineProcess:
             max_model_len=max_model_len,
             max_prefill_tokens=max_prefill_tokens,
             runner=runner,
+            prefix_cache_bytes=prefix_cache_bytes,
         )
         context = multiprocessing.get_context("spawn")  # fork is unsafe after torch threads or CUDA
         core_commands, self._commands = context.Pipe(duplex=False)

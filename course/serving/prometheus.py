@@ -4,9 +4,12 @@ Names, kinds and labels follow vLLM's ``PrometheusStatLogger`` (``vllm/v1/metric
 histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` and
 ``vllm:e2e_request_latency_seconds``; gauges ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` (a fraction: 1 = full); counters
-``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total`` and
-``vllm:request_success_total{finished_reason}``, each labelled ``model_name`` and ``engine``. So a
-Grafana dashboard or an alert written for vLLM reads this server unchanged.
+``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
+``vllm:request_success_total{finished_reason}``, and ``vllm:prefix_cache_queries_total`` /
+``vllm:prefix_cache_hits_total`` (prompt tokens looked up in the prefix cache and found there, counted
+once per request at admission, as ``PrefixCacheStats`` counts them in ``vllm/v1/metrics/stats.py``;
+both stay 0 with prefix caching off), each labelled ``model_name`` and ``engine``. So a Grafana
+dashboard or an alert written for vLLM reads this server unchanged.
 
 Two differences, both honest zeros or definitions rather than missing series: this engine never
 preempts (its cache grows with the batch), so ``num_preemptions_total`` stays 0; and its
@@ -21,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from course import vllm_release
 
@@ -33,8 +36,19 @@ E2E_BUCKETS = vllm_release.REQUEST_LATENCY_BUCKETS
 LABELS = ("model_name", "engine")
 
 
+# Counters the engine keeps itself (it may run in another process), read at scrape time: vLLM's names
+# and help texts (vllm/v1/metrics/loggers.py, PrometheusStatLogger), the engine's stats() keys.
+ENGINE_COUNTERS = {
+    "vllm:prefix_cache_queries": (
+        "Prefix cache queries, in terms of number of queried tokens.",
+        "prefix_cache_queries",
+    ),
+    "vllm:prefix_cache_hits": ("Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits"),
+}
+
+
 class _EngineGauges:
-    """Gauges read from the engine at scrape time (so they are never stale)."""
+    """Gauges and the engine's own counters, read from the engine at scrape time (so they are never stale)."""
 
     def __init__(self, engine, labels: tuple[str, str]) -> None:
         self.engine, self.labels = engine, list(labels)
@@ -53,6 +67,11 @@ class _EngineGauges:
         for name, (doc, value) in values.items():
             family = GaugeMetricFamily(name, doc, labels=LABELS)
             family.add_metric(self.labels, value)
+            yield family
+        stats = engine.stats()
+        for name, (doc, key) in ENGINE_COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=LABELS)  # exported as <name>_total
+            family.add_metric(self.labels, stats.get(key, 0))
             yield family
 
 

@@ -139,6 +139,7 @@ class EngineRequest:
         self.generator = None  # the seeded torch.Generator of its sampler (made on first use)
         self.num_computed_tokens = 0  # prompt tokens in its KV cache (a chunked prefill's progress)
         self.prefill_cache = None  # the KV cache of its prompt while partly prefilled, kept between iterations
+        self.block_hashes: list[bytes] = []  # chained hashes of its prompt's full blocks (with prefix caching)
         self.sink = EventSink()
 
     @property

@@ -1,7 +1,9 @@
 """The model runner: one forward pass over the engine's batch (nano-vllm's ``engine/model_runner.py``).
 
 Two runners share one interface, ``runner(input_ids, cache, attention_mask=, position_ids=)``
-returning ``(logits of the last position (rows, 1, vocab), cache)``:
+returning ``(logits of the last position (rows, 1, vocab), cache)``, plus ``new_cache()`` and
+``cache_from(layers)``, a cache that already holds given keys and values (a prefix-cache hit:
+:mod:`course.serving.prefix_cache`), on which a forward pass then prefills the rest of a prompt:
 
 * :class:`TransformersRunner` calls the ``transformers`` model itself. It serves every causal LM.
 * :class:`LlamaRunner` runs Llama-family decoders (``llama``, ``qwen2``) itself, reading the
@@ -56,6 +58,23 @@ class TransformersRunner:
 
     def new_cache(self) -> Any:
         return new_cache(self.model)
+
+    @property
+    def prefix_reuse_unsupported(self) -> str | None:
+        """None when a prompt's cached keys and values can be reused as they are, else why not:
+        only a cache whose layers keep every token (``DynamicLayer``) can; a sliding-window layer
+        keeps the last window only."""
+        kinds = {type(layer).__name__ for layer in self.new_cache().layers}
+        if kinds - {"DynamicLayer"}:
+            return f"the model's cache has {', '.join(sorted(kinds - {'DynamicLayer'}))} layers"
+        return None
+
+    def cache_from(self, layers: list[tuple[Any, Any]]) -> Any:
+        """A new cache holding ``layers[i] = (keys, values)``, each ``(rows, kv_heads, T, head_dim)``."""
+        cache = self.new_cache()
+        for index, (keys, values) in enumerate(layers):
+            cache.update(keys, values, index)
+        return cache
 
     def __call__(self, input_ids, cache, attention_mask=None, position_ids=None):
         kwargs = dict(self._logits_kw)
@@ -184,8 +203,15 @@ class LlamaRunner:
                     )
                 )
 
+    prefix_reuse_unsupported = None  # every layer keeps every token
+
     def new_cache(self) -> KVCache:
         return KVCache([KVLayer() for _ in self.layers])
+
+    def cache_from(self, layers: list[tuple[Any, Any]]) -> KVCache:
+        """A new cache holding ``layers[i] = (keys, values)``, each ``(rows, kv_heads, T, head_dim)``
+        (the first append copies them into a buffer with room to grow)."""
+        return KVCache([KVLayer(keys, values) for keys, values in layers])
 
     def __call__(self, input_ids, cache: KVCache, attention_mask=None, position_ids=None):
         """input_ids: (rows, new) token ids; attention_mask: (rows, past + new), 1 where a real

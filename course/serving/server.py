@@ -414,6 +414,7 @@ def create_app(
     access_log: bool = False,
     runner: str = "auto",
     engine_process: bool = False,
+    prefix_cache_bytes: int | None = None,
 ):
     """The reference server as a FastAPI app (run it with uvicorn or :class:`BackgroundServer`).
 
@@ -439,6 +440,8 @@ def create_app(
         engine_process: run the engine in a child process
             (:class:`~course.serving.engine_process.EngineProcess`, as vLLM V1 does) instead of
             on a thread of this one.
+        prefix_cache_bytes: the engine's prefix-cache budget in bytes, 0 = prefix caching off
+            (None: the engine's default; see :class:`Engine`).
 
     ``app.state.engine`` is the engine; ``app.state.on_server_stop`` holds callbacks that
     :class:`~course.serving.background.BackgroundServer` and ``course serve`` run when the
@@ -452,6 +455,7 @@ def create_app(
             max_model_len=max_model_len,
             max_prefill_tokens=max_prefill_tokens,
             runner=runner,
+            **({} if prefix_cache_bytes is None else {"prefix_cache_bytes": prefix_cache_bytes}),
         )
     routes = OpenAIRoutes(
         engine,

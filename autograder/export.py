@@ -74,7 +74,8 @@ def grades_of(gradebook, course: Course, assignment: str, students: set[str] | N
     try:
         found = gradebook.find_assignment(assignment)
     except MissingEntry:
-        raise ValueError(f"no assignment {assignment!r} in the gradebook {course.db_url}") from None
+        # the gradebook URL is not named: a PostgreSQL URL can carry a password
+        raise ValueError(f"no assignment {assignment!r} in the gradebook: grade it first") from None
     exercises = _exercise_points(found)
     submissions = sorted(found.submissions, key=lambda s: s.student.id)
     rows = [

@@ -259,20 +259,19 @@ def test_plain_nbgrader_zip_collect_with_the_course_plugins(course_root, release
     assert "return {}" in notebooks.answer_sources(kept)["ex1_4"], "the newer file wins, whatever its name"
     assert (submitted / "jane_doe_12345" / ASSIGNMENT / "timestamp.txt").read_text() == "2026-11-30 22:10:06"
     assert "Skipped submission file with older timestamp" in done.stderr
-    # the same download, Canvas's names, nbgrader's own extractor: collected, without a time
+    # Canvas's names, nbgrader's own extractor, the collector set in nbgrader_config.py: collected, without a time
+    with open(course_root / "nbgrader_config.py", "a") as config:
+        config.write("c.ZipCollectApp.collector_plugin = 'autograder.plugins.CanvasCollector'\n")
     canvas = course_root / "downloaded" / "canvas"
     (canvas / ASSIGNMENT / "archive").mkdir(parents=True)
     (canvas / ASSIGNMENT / "archive" / "canvas.zip").write_bytes(
         zip_with_times([(f"doejane_12345_6789012_Copy of {NAME}", as_bytes(release), OLDER)])
     )
     done = nbgrader(
-        "zip_collect",
-        ASSIGNMENT,
-        "--collector=autograder.plugins.CanvasCollector",
-        "--ZipCollectApp.downloaded_directory=downloaded/canvas",
-        cwd=course_root,
+        "zip_collect", ASSIGNMENT, "--ZipCollectApp.downloaded_directory=downloaded/canvas", cwd=course_root
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "Using file collector: CanvasCollector" in done.stderr, done.stderr[-3000:]
     assert (submitted / "doejane_12345" / ASSIGNMENT / NAME).is_file()
     assert not (submitted / "doejane_12345" / ASSIGNMENT / "timestamp.txt").exists()
 

@@ -72,7 +72,9 @@ def test_every_weight_path_computes_what_its_quantized_weights_stand_for(path):
         again = lm.model(ids).logits
     assert torch.equal(again, reference) and quantize.weight_path(lm.model) == quantize.FP
     spread = float(reference.max() - reference.min())
-    assert float((quantized - twin).abs().max()) < 1e-3 * spread  # the kernel computes with the rounded weights
+    # The kernel computes with the rounded weights (the kernel paths in bf16 arithmetic: within 2 %).
+    tolerance = 1e-3 if path == quantize.INT8_DEQUANTIZE else 2e-2
+    assert float((quantized - twin).abs().max()) < tolerance * spread
     assert not torch.equal(quantized, reference)  # which really were rounded
     if path != quantize.INT4_KERNEL:  # per-channel int8 moves the logits little
         assert float((quantized - reference).abs().max()) < 0.02 * spread

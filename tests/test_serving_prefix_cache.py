@@ -213,6 +213,15 @@ def test_two_requests_with_one_prefix_in_the_same_batch(lm64):
     assert engine.stats()["prefix_cache_hits"] == 48 + 48
 
 
+def test_the_blocks_of_a_padded_batch_prefill_come_from_each_prompts_own_row(lm64):
+    prompts = [_tokens(37, seed=70), _tokens(52, seed=71), _tokens(20, seed=72)]  # left-padded to 52 together
+    expected = [greedy_reference(lm64, p, 6) for p in prompts]
+    engine = _engine(lm64)
+    assert _run(engine, prompts) == expected
+    assert _run(engine, prompts) == expected, "each prompt again, from its own cached blocks"
+    assert engine.stats()["prefix_cache_hits"] == 32 + 48 + 16
+
+
 def test_hits_with_chunked_prefill_the_transformers_runner_and_a_running_batch(lm64):
     system = _tokens(70, seed=40)
     prompts = [system + _tokens(n, seed=41 + n) for n in (3, 20, 37, 5, 60, 11)]

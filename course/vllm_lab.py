@@ -982,6 +982,111 @@ def server_comparison(run: RecordedRun) -> dict[str, dict[str, float]]:
     return rows
 
 
+# --- prefix caching, three ways: the course's server live, the simulator, the recorded vLLM ---------
+
+PREFIX_CASES = ("identical prefix", "timestamp in front", "caching off")
+# The recorded run's phases for the cases it has (vLLM ran with prefix caching on throughout).
+PREFIX_PHASES = {"identical prefix": "prefix_shared", "timestamp in front": "prefix_timestamp"}
+
+
+@dataclass(frozen=True)
+class PrefixCase:
+    """One prefix-caching case served by the course's server: the client's traces and what the engine
+    counted (``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits``, prompt tokens)."""
+
+    traces: list[RequestTrace]
+    queries: int
+    hits: int
+
+    @property
+    def ttft_p50(self) -> float:
+        """Median TTFT of the successful requests (s)."""
+        from course import metrics
+
+        return metrics.percentile([metrics.ttft(t) for t in self.traces if t.succeeded], 50)
+
+    @property
+    def prompt_tokens(self) -> float:
+        """Median prompt length (tokens)."""
+        from statistics import median
+
+        return float(median(t.prompt_tokens for t in self.traces))
+
+
+def course_server_prefix_cases(
+    plan: LabPlan | None = None, lm: Any = None, prefix_cache_bytes: int | None = None, requests: int | None = None
+) -> dict[str, PrefixCase]:
+    """The recorded run's prefix phases, sent to the course's server (module 2's, in this process).
+
+    For each of :data:`PREFIX_CASES` a fresh server on ``lm`` (default: the tiny model vLLM served) gets
+    ``requests`` requests (default ``plan.prefix_requests``) one at a time, each ``plan.prefix_tokens``
+    tokens of one shared text, then ``plan.prefix_body`` tokens of its own and 4 output tokens, as the
+    recorded ``prefix_shared`` phase sent them: with prefix caching on (``prefix_cache_bytes``, default the
+    server's 1 GiB, room for thousands of blocks of the tiny model: memory is never the limit here), the
+    same with a timestamp written in front, and with prefix caching off. Two untimed requests warm each
+    server up first; their prompts share nothing with the prefix.
+    """
+    from course import workload
+    from course.models import build_tiny_model
+    from course.serving.background import BackgroundServer
+    from course.serving.client import default_prompt_builder, run_load
+    from course.serving.engine import Engine
+    from course.serving.prefix_cache import DEFAULT_CAPACITY_BYTES
+    from course.serving.server import create_app
+
+    plan = plan or LabPlan()
+    lm = lm if lm is not None else build_tiny_model()
+    budget = DEFAULT_CAPACITY_BYTES if prefix_cache_bytes is None else prefix_cache_bytes
+    prompts = default_prompt_builder()
+    prefix = prompts.make(plan.prefix_tokens, seed=99)
+    n = plan.prefix_requests if requests is None else requests
+    cases = {}
+    for name, timestamp, cache_bytes in zip(PREFIX_CASES, (False, True, False), (budget, budget, 0)):
+        engine = Engine(lm, max_model_len=plan.prefix_tokens + plan.prefix_body + 64, prefix_cache_bytes=cache_bytes)
+        with BackgroundServer(create_app(engine=engine, model_name="tiny")) as server:
+            run_load(server.url, workload.all_at_once(2, 16, 4), prompts=prompts, seed=7, progress=False)
+            before = engine.stats()
+            shared = PrefixedPrompts(prefix, prompts, timestamp=timestamp)
+            traces = run_load(
+                server.url, workload.all_at_once(n, plan.prefix_body, 4, seed=5), prompts=shared, concurrency=1,
+                seed=500, progress=False,
+            ).traces  # fmt: skip
+            after = engine.stats()
+        cases[name] = PrefixCase(
+            traces,
+            after["prefix_cache_queries"] - before["prefix_cache_queries"],
+            after["prefix_cache_hits"] - before["prefix_cache_hits"],
+        )
+    return cases
+
+
+def simulated_prefix_cases(run: RecordedRun, plan: LabPlan | None = None, front_tokens: int = 8, device: Any = "CPU"):
+    """The simulator's :data:`PREFIX_CASES` for the recorded server: ``{case: course.sim.SimResult}``.
+
+    The cost model is fitted on vLLM's measured steps (:func:`calibration_steps`) and the scheduler is the
+    recorded server's (:func:`sim_config`), but with 100,000 KV blocks, so that memory is never the limit.
+    ``plan.prefix_requests`` requests arrive one second apart (one at a time), each ``plan.prefix_body``
+    tokens of its own after ``plan.prefix_tokens`` shared ones (:func:`course.sim.with_system_prompt`), with
+    ``front_tokens`` of its own in front for the timestamp case.
+    """
+    from dataclasses import replace
+
+    from course import workload
+    from course.sim import LinearCost, simulate, with_system_prompt
+
+    plan = plan or LabPlan()
+    cost = LinearCost.fit(calibration_steps(run))
+    config = replace(sim_config(run, device), num_blocks=100_000)
+    questions = workload.Workload(
+        [workload.RequestSpec(str(i), float(i), plan.prefix_body, 4) for i in range(plan.prefix_requests)],
+        name=f"{plan.prefix_requests} questions, one a second",
+    )
+    shared = with_system_prompt(questions, plan.prefix_tokens)
+    stamped = with_system_prompt(questions, plan.prefix_tokens, front_tokens=front_tokens)
+    runs = ((shared, config), (stamped, config), (shared, replace(config, enable_prefix_caching=False)))
+    return {name: simulate(w, c, cost, name=name) for name, (w, c) in zip(PREFIX_CASES, runs)}
+
+
 def lab_run(live: bool = True, out: str | Path | None = None, log=print) -> RecordedRun:
     """The run a notebook reads: a live one when vLLM is installed and ``live``, else the recorded one.
 

@@ -275,3 +275,34 @@ def test_the_recorder_script_refuses_to_run_without_vllm(monkeypatch, capsys):
 def test_the_recorded_json_files_are_valid():
     for path in vllm_lab.DATA_DIR.glob("*.json"):
         json.loads(path.read_text())
+
+
+# --- prefix caching, three ways ---------------------------------------------------------------------
+
+
+def test_the_course_server_reuses_the_shared_prefix_and_a_timestamp_defeats_it():
+    plan = vllm_lab.LabPlan()
+    cases = vllm_lab.course_server_prefix_cases(requests=3)
+    assert list(cases) == list(vllm_lab.PREFIX_CASES)
+    shared, stamped, off = (cases[name] for name in vllm_lab.PREFIX_CASES)
+    assert all(len(c.traces) == 3 and all(t.succeeded for t in c.traces) for c in cases.values())
+    prompt = plan.prefix_tokens + plan.prefix_body
+    assert shared.prompt_tokens == off.prompt_tokens == prompt and stamped.prompt_tokens > prompt
+    assert shared.queries == 3 * prompt and off.queries == 0, "queries are counted only with caching on"
+    assert shared.hits == 2 * plan.prefix_tokens, "the 2nd and 3rd requests reuse the 24 blocks of the prefix"
+    assert stamped.hits == 0 and off.hits == 0
+    assert shared.ttft_p50 > 0 and off.ttft_p50 > 0  # the timings themselves are the notebook's, not asserted
+
+
+def test_the_simulator_runs_the_three_cases_with_memory_to_spare(run):
+    plan = vllm_lab.LabPlan()
+    results = vllm_lab.simulated_prefix_cases(run, front_tokens=9)
+    shared, stamped, off = (results[name] for name in vllm_lab.PREFIX_CASES)
+    assert shared.preemptions == stamped.preemptions == off.preemptions == 0
+    # Blocks of 128 (the recorded CPU server): the 384-token prefix is three whole blocks, reused by all but the first.
+    expected = (plan.prefix_requests - 1) * plan.prefix_tokens / (plan.prefix_requests * (plan.prefix_tokens + 24))
+    assert shared.prefix_hit_rate == pytest.approx(expected)
+    assert stamped.prefix_hit_rate == 0 and off.prefix_hit_rate == 0
+    p50 = {name: metrics.percentile([metrics.ttft(t) for t in r.traces], 50) for name, r in results.items()}
+    assert p50["identical prefix"] < p50["timestamp in front"] and p50["identical prefix"] < p50["caching off"]
+    assert p50["caching off"] < 1.0, "with memory to spare, caching off costs a prefill, not seconds of queueing"

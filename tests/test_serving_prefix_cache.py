@@ -253,6 +253,22 @@ def test_prefix_caching_off(lm64):
 # --- /metrics and the command line ---------------------------------------------------------------------
 
 
+def test_the_engine_core_process_reports_its_prefix_cache(lm64):
+    """course serve runs the engine in its own process: its counters reach the server with its stats."""
+    from course.serving.engine_process import EngineProcess
+
+    core = EngineProcess(lm64, max_batch_size=2)
+    try:
+        system = _tokens(40, seed=80)
+        for tail in (3, 5):
+            core.generate(system + _tokens(tail, seed=81 + tail), SamplingParams(max_tokens=2, ignore_eos=True))
+        stats = core.stats()  # the core sends a fresh snapshot with the events of the step that leaves it idle
+    finally:
+        core.stop()
+    assert stats["prefix_caching"] == "on" and stats["prefix_cache_hits"] == 32
+    assert stats["prefix_cache_queries"] == 43 + 45
+
+
 def test_metrics_count_queried_and_hit_tokens_under_vllms_names(lm64):
     engine = Engine(lm64, max_batch_size=4, max_model_len=256)
     server = BackgroundServer(create_app(engine=engine, model_name="pc")).start()

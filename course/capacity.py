@@ -6,6 +6,8 @@ The pieces, each small enough to check by hand:
   where they came from, and :meth:`SLO.check` / :meth:`SLO.holds` over a run's request traces.
 * :func:`highest_rate`: the highest arrival rate at which a run still holds its SLOs, by bisection
   over a monotone "holds at this rate?" test (a simulation or a measured run).
+* :class:`SteadyWindow`: which requests of a run measure its steady state (warm-up and drain left out),
+  so that a capacity does not depend on the run's length.
 * :func:`replicas_needed` and :func:`dollars_per_million_tokens`: the two lines of arithmetic that
   turn a per-replica capacity into a fleet and a price.
 * :func:`server_sim_config` and :func:`calibration_samples`: the simulator settings that mirror
@@ -14,7 +16,8 @@ The pieces, each small enough to check by hand:
 * :func:`quantize_kv` and :func:`kv_quantization_quality`: a KV cache stored in fewer bits, simulated
   by quantizing and dequantizing the cached tensors, and what that does to a model's predictions.
 
-Module 5's exercises rebuild the first four; their graded tests forbid calling this module.
+Module 5's exercises rebuild goodput and the rate search, and its capstone (:mod:`course.plan`) the
+replicas and the price; the graded tests forbid calling this module.
 """
 
 from __future__ import annotations
@@ -175,6 +178,42 @@ def highest_rate(
         else:
             bad = middle
     return RateSearch(good, tuple(tried))
+
+
+@dataclass(frozen=True)
+class SteadyWindow:
+    """Which requests of an open-loop run measure a steady state (seconds from the first arrival).
+
+    A run that starts empty is fast at first (no queue, a small batch) and, once arrivals stop, drains
+    with less and less company: requests that arrive in either stretch see a lighter load than the
+    rate promises, so a capacity found from every request of a short run depends on the run's length.
+    Measure only the requests that arrive after ``warmup`` and within ``window``, and keep the traffic
+    coming for ``drain`` seconds after it.
+    """
+
+    warmup: float
+    window: float
+    drain: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.window <= 0 or self.drain < 0:
+            raise ValueError(f"need warmup >= 0, window > 0 and drain >= 0 seconds, got {self}")
+
+    @property
+    def seconds(self) -> float:
+        """How long the arrivals must last (s)."""
+        return self.warmup + self.window + self.drain
+
+    def requests(self, rate: float) -> int:
+        """Requests a Poisson stream at ``rate`` req/s brings over :attr:`seconds` (at least 1)."""
+        return max(1, round(rate * self.seconds))
+
+    def select(self, traces: Sequence[RequestTrace]) -> list[RequestTrace]:
+        """The traces whose request arrived inside the window (``send_time`` relative to the first)."""
+        if not traces:
+            return []
+        start = min(t.send_time for t in traces)
+        return [t for t in traces if self.warmup <= t.send_time - start < self.warmup + self.window]
 
 
 def replicas_needed(target_rate: float, per_replica_rate: float, headroom: float = 0.0) -> int:

@@ -152,7 +152,8 @@ def graded_metadata(nb) -> dict[str, dict]:
 def test_stripped_metadata_is_restored_from_markers(release):
     result = repair.repair(strip(release), release)
     assert graded_metadata(result.notebook) == graded_metadata(release)
-    assert "Restored the grading metadata of 26 cell(s)" in result.notes[0]
+    graded = len(graded_metadata(release))  # every graded cell of the release (module 1's count changes with it)
+    assert f"Restored the grading metadata of {graded} cell(s)" in result.notes[0]
 
 
 def test_deleted_test_cell_comes_back_after_its_neighbour(release):

@@ -132,8 +132,11 @@ def test_lru_eviction_keeps_the_budget_and_evicts_a_prompts_end_first():
 # --- the engine: same greedy tokens with and without the cache -------------------------------------
 
 
-def _engine(lm, **options) -> Engine:
-    return Engine(lm, background=False, max_batch_size=8, **options)
+ON = 1 << 30  # a prefix cache of 1 GiB (course serve --enable-prefix-caching's default)
+
+
+def _engine(lm, prefix_cache_bytes: int = ON, **options) -> Engine:
+    return Engine(lm, background=False, max_batch_size=8, prefix_cache_bytes=prefix_cache_bytes, **options)
 
 
 def test_identical_prefix_reuses_its_full_blocks_and_keeps_the_tokens(lm64):
@@ -229,7 +232,7 @@ def test_hits_with_chunked_prefill_the_transformers_runner_and_a_running_batch(l
     expected = [greedy_reference(lm64, p, n) for p, n in zip(prompts, outputs)]
     for runner in ("auto", "transformers"):
         # A 24-token budget: the tokens after a hit are prefilled over several iterations, beside running rows.
-        engine = Engine(lm64, max_batch_size=4, max_prefill_tokens=24, runner=runner)
+        engine = Engine(lm64, max_batch_size=4, max_prefill_tokens=24, runner=runner, prefix_cache_bytes=ON)
         try:
             assert generate_staggered(engine, prompts, outputs, gap=0.003) == expected, runner
             stats = engine.stats()
@@ -239,8 +242,8 @@ def test_hits_with_chunked_prefill_the_transformers_runner_and_a_running_batch(l
         assert stats["cache_tokens"] == 0 and stats["unfinished"] == 0
 
 
-def test_prefix_caching_off(lm64):
-    engine = _engine(lm64, prefix_cache_bytes=0)
+def test_prefix_caching_is_off_by_default(lm64):
+    engine = Engine(lm64, background=False)
     prompt = _tokens(40, seed=50)
     assert _one_by_one(engine, [prompt, prompt]) == [greedy_reference(lm64, prompt, 6)] * 2
     stats = engine.stats()
@@ -257,7 +260,7 @@ def test_the_engine_core_process_reports_its_prefix_cache(lm64):
     """course serve runs the engine in its own process: its counters reach the server with its stats."""
     from course.serving.engine_process import EngineProcess
 
-    core = EngineProcess(lm64, max_batch_size=2)
+    core = EngineProcess(lm64, max_batch_size=2, prefix_cache_bytes=ON)
     try:
         system = _tokens(40, seed=80)
         for tail in (3, 5):
@@ -270,7 +273,7 @@ def test_the_engine_core_process_reports_its_prefix_cache(lm64):
 
 
 def test_metrics_count_queried_and_hit_tokens_under_vllms_names(lm64):
-    engine = Engine(lm64, max_batch_size=4, max_model_len=256)
+    engine = Engine(lm64, max_batch_size=4, max_model_len=256, prefix_cache_bytes=ON)
     server = BackgroundServer(create_app(engine=engine, model_name="pc")).start()
     system = _tokens(40, seed=60)
     prompts = [system + _tokens(6, seed=61), system + _tokens(9, seed=62)]
@@ -293,6 +296,6 @@ def test_serve_flags_turn_prefix_caching_off_or_size_it():
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
     default = parser.parse_args([])
-    assert default.enable_prefix_caching and default.prefix_cache_gib == 1.0
-    assert not parser.parse_args(["--no-enable-prefix-caching"]).enable_prefix_caching
+    assert not default.enable_prefix_caching and default.prefix_cache_gib == 1.0
+    assert parser.parse_args(["--enable-prefix-caching"]).enable_prefix_caching
     assert parser.parse_args(["--prefix-cache-gib", "0.25"]).prefix_cache_gib == 0.25

@@ -41,7 +41,10 @@ The pieces, split as nano-vllm splits its engine (``engine/{scheduler,sequence,m
   hashes them, for requests that start with a prompt prefix seen before;
 * this module: the loop that ties them to the model (prefill, decode, finishing requests).
 
-**Prefix caching** (on by default, as in vLLM V1): when a request is admitted, the engine looks up
+**Prefix caching** (``prefix_cache_bytes > 0``; off by default, where vLLM V1 turns it on: the course's
+measurements send the same prompt prefixes again and time their prefill, module 5's calibration and module
+2's concurrency sweep among them, and a cache would time a shorter prefill than they mean to): when a
+request is admitted, the engine looks up
 the longest run of its prompt's leading full blocks in the prefix cache (never the whole prompt: the
 last token is always computed, for its logits), copies their keys and values into the request's own
 cache and prefills only the rest, on top of them, as a chunked prefill's later chunk does. Once a
@@ -63,7 +66,7 @@ from typing import Any
 
 from course.models import LanguageModel
 from course.serving.batch_cache import BatchCache
-from course.serving.prefix_cache import DEFAULT_CAPACITY_BYTES, PrefixCache
+from course.serving.prefix_cache import PrefixCache
 from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver, wait_for_tokens
 from course.serving.runner import runner_for
 from course.serving.sampler import Sampler, SamplingParams
@@ -94,8 +97,9 @@ class Engine:
             :func:`~course.serving.request.deliver` (to each request's consumer).
             :mod:`course.serving.engine_process` sends them to another process instead.
         prefix_cache_bytes: the budget of the prefix cache (:mod:`course.serving.prefix_cache`),
-            bytes of cached keys and values on the model's device; 0 turns prefix caching off. A
-            model whose cache cannot be reused (sliding-window layers) runs without it
+            bytes of cached keys and values on the model's device (``DEFAULT_CAPACITY_BYTES``, 1 GiB,
+            is ``course serve --enable-prefix-caching``'s); 0, the default, turns prefix caching off.
+            A model whose cache cannot be reused (sliding-window layers) runs without it
             (``prefix_cache_off`` says why).
     """
 
@@ -108,7 +112,7 @@ class Engine:
         background: bool = True,
         runner: str = "auto",
         on_events: Callable[[list[tuple[EngineRequest, TokenEvent]]], None] = deliver,
-        prefix_cache_bytes: int = DEFAULT_CAPACITY_BYTES,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")

@@ -57,7 +57,6 @@ from course.serving.messages import (
     Shutdown,
     StepOutputs,
 )
-from course.serving.prefix_cache import DEFAULT_CAPACITY_BYTES as DEFAULT_PREFIX_CACHE_BYTES
 from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver, wait_for_tokens
 from course.serving.sampler import SamplingParams
 
@@ -96,7 +95,7 @@ class EngineProcess:
         max_prefill_tokens: int = 512,
         runner: str = "auto",
         start_timeout: float = START_TIMEOUT_S,
-        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         import torch
 

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 BLOCK_SIZE = 16  # tokens per block: vLLM's default (CacheConfig.DEFAULT_BLOCK_SIZE, vllm/config/cache.py)
-DEFAULT_CAPACITY_BYTES = 1 << 30  # the server's default budget for cached blocks (course serve --prefix-cache-gib)
+DEFAULT_CAPACITY_BYTES = 1 << 30  # course serve --enable-prefix-caching's budget (--prefix-cache-gib)
 NONE_HASH_SEED = "vllm-none-hash"  # DEFAULT_NONE_HASH_SEED, vllm/v1/core/kv_cache_utils.py
 
 __all__ = [

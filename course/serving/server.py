@@ -441,7 +441,7 @@ def create_app(
             (:class:`~course.serving.engine_process.EngineProcess`, as vLLM V1 does) instead of
             on a thread of this one.
         prefix_cache_bytes: the engine's prefix-cache budget in bytes, 0 = prefix caching off
-            (None: the engine's default; see :class:`Engine`).
+            (None: the engine's default, off; see :class:`Engine`).
 
     ``app.state.engine`` is the engine; ``app.state.on_server_stop`` holds callbacks that
     :class:`~course.serving.background.BackgroundServer` and ``course serve`` run when the

@@ -88,8 +88,7 @@ GPUS: dict[str, HardwareSpec] = {
             65 * TFLOPS,
             "NVIDIA T4 datasheet (65 TFLOPS mixed-precision FP16; no bf16 tensor cores), "
             "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"
-            "; cross-checked: 16 GB GDDR6, 320 GB/s, 65.13 TFLOPS FP16 at "
-            "https://sysrqmts.com/it/gpus/compare/nvidia-tesla-t10-processor-vs-nvidia-tesla-t4",
+            " (16 GB GDDR6, 320 GB/s)",
             14.74 * GiB,
             _LOG.format(gib="14.74") + " on a Colab T4 (public logs of ECC-enabled T4s also read 14.56 GiB)",
             supports_bf16=False,  # compute capability 7.5 (vllm/platforms/cuda.py, supported_dtypes)
@@ -100,8 +99,7 @@ GPUS: dict[str, HardwareSpec] = {
             300 * GB,
             121 * TFLOPS,
             "NVIDIA L4 product page (242 TFLOPS FP16/BF16 with sparsity, so 121 dense), "
-            "https://www.nvidia.com/en-us/data-center/l4/; cross-checked: 24 GB GDDR6 at 300 GB/s and 242 TFLOPS "
-            "FP16 with sparsity at https://grokipedia.com/page/NVIDIA_L4_vs_L40S",
+            "https://www.nvidia.com/en-us/data-center/l4/ (specifications table: 24 GB GDDR6, 300 GB/s)",
             21.99 * GiB,
             "UNVERIFIED: public vLLM logs of 24 GB data-centre cards read total_gpu_memory 21.48-21.99 GiB; "
             "none names the L4; pass the figure your own log prints (course kv --gpu-memory-gib)",
@@ -124,8 +122,7 @@ GPUS: dict[str, HardwareSpec] = {
             40 * GB,
             1555 * GB,
             312 * TFLOPS,
-            _A100_DATASHEET + " (SXM, HBM2); cross-checked: 1,555 GB/s at "
-            "https://datacrunch.io/en/blog/nvidia-a100-gpu-specs-price-and-alternatives",
+            _A100_DATASHEET + " (A100 40GB SXM: HBM2, 1,555 GB/s; 312 TFLOPS BF16 dense, 624 with sparsity)",
             39.49 * GiB,
             _LOG.format(gib="39.49") + " on 40 GB A100s (other public logs read 39.39-39.56 GiB)",
         ),
@@ -134,8 +131,7 @@ GPUS: dict[str, HardwareSpec] = {
             80 * GB,
             2039 * GB,
             312 * TFLOPS,
-            _A100_DATASHEET + " (SXM, HBM2e); cross-checked: 80 GB at 2.0 TB/s, 624 TFLOPS BF16 with sparsity at "
-            "https://www.yobitel.com/knowledge-base/nvidia-a100",
+            _A100_DATASHEET + " (A100 80GB SXM: HBM2e, 2,039 GB/s; 312 TFLOPS BF16 dense, 624 with sparsity)",
             79.14 * GiB,
             _LOG_80GB,
         ),
@@ -145,8 +141,7 @@ GPUS: dict[str, HardwareSpec] = {
             3.35 * TB,
             989 * TFLOPS,
             "NVIDIA H100 product page (1,979 TFLOPS BF16 with sparsity, so 989 dense), "
-            "https://www.nvidia.com/en-us/data-center/h100/; cross-checked: 989.4 dense / 1,978.9 sparse BF16 and "
-            "3.35 TB/s at https://glennklockwood.com/garden/processors/h100",
+            "https://www.nvidia.com/en-us/data-center/h100/ (specifications table, H100 SXM: 80 GB, 3.35 TB/s)",
             79.14 * GiB,
             _LOG_80GB,
         ),
@@ -156,8 +151,8 @@ GPUS: dict[str, HardwareSpec] = {
             4.8 * TB,
             989 * TFLOPS,
             "NVIDIA H200 product page (same compute as H100 SXM, HBM3e), "
-            "https://www.nvidia.com/en-us/data-center/h200/; cross-checked: 141 GB, 4.8 TB/s, ~989 TFLOPS dense "
-            "BF16 at https://itkb.uw.cz/2026/06/nvidia-h200-vs-b300-precisions-cores.html",
+            "https://www.nvidia.com/en-us/data-center/h200/ (specifications table, H200 SXM: 141 GB, 4.8 TB/s, "
+            "1,979 TFLOPS BF16 with sparsity)",
             139.81 * GiB,
             _LOG.format(gib="139.81") + " on a 141 GB H200",
         ),

@@ -79,7 +79,7 @@ def max_in_flight_tokens(max_num_batched_tokens: int, async_scheduling: bool = A
 
 @dataclass(frozen=True)
 class StartupLog:
-    """The memory lines of one public vLLM startup log (GiB), the course's reference measurement.
+    """The memory lines of one public vLLM startup log (GiB), the measurement modules 3 and 4 budget with.
 
     "the current vLLM instance can use total_gpu_memory (79.14GiB) x gpu_memory_utilization (0.90) =
     71.22GiB; model weights take 14.99GiB; non_torch_memory takes 0.12GiB; PyTorch activation peak

@@ -42,7 +42,7 @@ def test_check_grades_a_damaged_notebook_with_the_hidden_tests(tmp_path, capsys)
     assert "assignment m1_prefill_decode" in out
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     assert "4 / 6" in lines["ex1_2"] and "5 / 5" in lines["ex1_1"] and "12 / 12" in lines["ex1_4"]
-    assert "28 / 30" in lines["total"]
+    assert "32 / 34" in lines["total"]
     assert "ex1_2_tpot: A hidden test failed: AssertionError: TPOT counts tokens, not chunks" in out
     assert "bundled = RequestTrace" not in out, "a hidden test's code must not be printed"
 

@@ -131,7 +131,7 @@ def test_v0_with_prefix_caching_does_not_count_a_readmitted_prompt_as_a_decode()
     assert run.result("reference", config.num_blocks, config.block_size).steps.decode_tokens.tolist() == (
         log.decode_tokens.tolist()
     )
-    assert all(prefill == 0 or decode == 0 for prefill, decode, _, _ in run.step_loads)
+    assert ((run.steps.prefill_tokens == 0) | (run.steps.decode_tokens == 0)).all()
 
 
 @SETTINGS
@@ -143,13 +143,15 @@ def test_fast_engine_matches_the_reference_exactly(work, config):
     assert [bool(t.error) for t in result.traces] == [bool(t.error) for t in expected]
     if run is not None:
         assert result.preemptions == run.preemptions
-        assert result.steps.used_blocks.tolist() == run.used_blocks
+        assert result.steps.used_blocks.tolist() == run.steps.used_blocks.tolist()
         assert [r.prefix_hit_tokens for r in result.requests] == [r.prefix_hit_tokens for r in run.requests]
         as_result = run.result("reference", config.num_blocks, config.block_size)
         assert [r.scheduled for r in as_result.requests] == [r.scheduled for r in result.requests]
         assert [r.preempted for r in as_result.requests] == [r.preempted for r in result.requests]
-        assert as_result.steps.num_seqs.tolist() == result.steps.num_seqs.tolist()
-        assert as_result.steps.waiting.tolist() == result.steps.waiting.tolist()
+        for column in ("start", "end", "prefill_tokens", "decode_tokens", "kv_tokens_read", "attention_pairs",
+                       "num_seqs", "used_blocks", "waiting"):  # fmt: skip
+            assert getattr(as_result.steps, column).tolist() == getattr(result.steps, column).tolist(), column
+        assert [r.queried_tokens for r in as_result.requests] == [r.queried_tokens for r in result.requests]
 
 
 @settings(max_examples=80, deadline=None)
@@ -259,6 +261,6 @@ def test_long_decodes_match_the_reference_where_the_fast_path_takes_them_in_bulk
     result = simulate(work, config, COST)
     expected, run = reference(work, config, COST)  # without the block checks after every call: too slow here
     assert [t.chunk_times for t in result.traces] == [t.chunk_times for t in expected]
-    assert result.steps.used_blocks.tolist() == run.used_blocks
+    assert result.steps.used_blocks.tolist() == run.steps.used_blocks.tolist()
     assert result.preemptions == run.preemptions
     assert (result.preemptions > 0) == (config.num_blocks == 200)

@@ -14,6 +14,14 @@ start, so at most ``max_prefill_tokens`` requests decode together. The engine al
 request in the iteration that completes its prompt, one iteration before vLLM would count that
 token.) ``tests/test_serving_admission.py`` runs this rule beside the simulator's.
 
+Where this engine follows the simulator's rule it calls it (:mod:`course.sim.rules`): a request's chunk
+(:func:`~course.sim.rules.chunk_size`: what it has left, clipped to the budget; this engine has no
+long-prefill cap) and when admission goes on (:func:`~course.sim.rules.admits_more`: someone waits,
+budget is left, a row is free). The simulator's other rules do not apply here: this engine's KV cache
+is not paged (a request's cache grows with it; no block reservation, watermark or preemption), and
+its decodes take their token before any prompt does, where vLLM serves its running requests in
+admission order.
+
 :class:`Scheduler` holds the waiting queue and the pending aborts under one lock, the state that
 other threads touch. Aborts are taken, and aborted waiting requests leave the queue, *before*
 admission and under the same lock, so a request aborted before it ran is never prefilled.
@@ -27,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from course.serving.request import EngineRequest, EngineStopped
+from course.sim import rules
 
 
 def split_budget(
@@ -43,13 +52,13 @@ def split_budget(
     for request in prefilling:
         if budget <= 0:
             break
-        n = min(request.prompt_tokens_left, budget)
+        n = rules.chunk_size(request.prompt_tokens_left, budget)
         chunks.append((request, n))
         budget -= n
     rows = num_decoding + len(prefilling)
-    while waiting and budget > 0 and rows < max_batch_size:
+    while rules.admits_more(waiting, budget, rows, max_batch_size):
         request = waiting.popleft()
-        n = min(request.prompt_tokens_left, budget)
+        n = rules.chunk_size(request.prompt_tokens_left, budget)
         chunks.append((request, n))
         budget -= n
         rows += 1

@@ -3,9 +3,11 @@
 Module 3's learners write the scheduling decision of one engine step; this harness does the rest:
 requests arrive, the step function picks who computes how many tokens, the cost model says how long
 the step took, and every request whose KV cache caught up with its tokens emits one output token at
-the end of the step. It keeps one Python object per request and one float per emitted token, which
+the end of the step. It keeps one Python object per request and one step number per emitted token, which
 is fine for hundreds of requests; :func:`course.sim.simulate` runs the same policies with counters
-instead and handles a hundred thousand (the tests check that both agree exactly).
+instead and handles a hundred thousand (the tests check that both agree exactly). The rules both
+follow are :mod:`course.sim.rules`; both record their results with the same builders
+(:mod:`course.sim.results`).
 
 The request record follows vLLM V1 (``vllm/v1/request.py``): a request has ``num_tokens`` =
 prompt + generated tokens and ``computed`` tokens whose KV is in the cache. Each step the scheduler
@@ -22,22 +24,26 @@ from dataclasses import dataclass, field
 
 from course.limits import rejection
 from course.sim import rules
-from course.sim.results import RequestRecord, SimResult, StepLog
+from course.sim.results import RequestRecord, RequestTableBuilder, SimResult, StepLog, StepLogBuilder, token_runs
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
 
 
 @dataclass(eq=False)
 class SimRequest:
-    """One request inside a simulation (compared by identity, so ``victim is request`` works).
+    """One request inside the readable simulation (compared by identity, so ``victim is request`` works).
 
     Attributes:
         request_id, arrival_time (s), prompt_tokens, output_tokens: from the workload.
         computed: tokens whose KV is in the cache.
         generated: output tokens produced so far.
         preemptions: how often it was preempted.
-        token_times: when each output token was produced (s, simulated clock).
         block_hashes: chained hashes of its full prompt blocks (prefix caching only).
+        prefix_hit_tokens, queried_tokens: prompt tokens served from the prefix cache and tokens looked
+            up in it, over all its admissions.
+        error: why it was rejected on arrival (None: it ran).
+        token_steps, scheduled_steps, preempted_steps: the steps (indices into the run's step log) that
+            gave it an output token, admitted it to the batch and preempted it.
     """
 
     request_id: str
@@ -47,12 +53,13 @@ class SimRequest:
     computed: int = 0
     generated: int = 0
     preemptions: int = 0
-    token_times: list[float] = field(default_factory=list)
     block_hashes: list = field(default_factory=list)
     prefix_hit_tokens: int = 0
+    queried_tokens: int = 0
     error: str | None = None
-    scheduled_times: list[float] = field(default_factory=list)  # admissions to the batch (s)
-    preempted_times: list[float] = field(default_factory=list)
+    token_steps: list[int] = field(default_factory=list)
+    scheduled_steps: list[int] = field(default_factory=list)
+    preempted_steps: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -72,13 +79,6 @@ class SimRequest:
     def from_spec(cls, spec: RequestSpec) -> SimRequest:
         return cls(spec.request_id, spec.arrival_time, spec.prompt_tokens, spec.output_tokens)
 
-    def trace(self) -> RequestTrace:
-        """What a streaming client would have recorded: one chunk per token."""
-        error = self.error or (None if self.finished else "not finished")
-        return RequestTrace.from_token_times(
-            self.request_id, self.arrival_time, self.token_times, self.prompt_tokens, error=error
-        )
-
 
 # The step functions that the harness drives: (running, waiting, blocks) -> [(request, tokens)].
 StepFunction = Callable[[list, deque, object], list]
@@ -86,20 +86,21 @@ StepFunction = Callable[[list, deque, object], list]
 
 @dataclass
 class HarnessRun:
-    """What :func:`run` returns: the requests (with their token times), traces and the step log."""
+    """What :func:`run` returns: the requests (with their token steps), the step log and the rejected ids."""
 
     requests: list[SimRequest]
-    step_starts: list[float]
-    step_ends: list[float]
-    step_loads: list[tuple[int, int, int, int]]  # (prefill, decode, kv read, attention pairs)
-    used_blocks: list[int]
-    rejected: list[str]
-    step_seqs: list[int] = field(default_factory=list)
-    step_waiting: list[int] = field(default_factory=list)
+    log: StepLogBuilder = field(default_factory=StepLogBuilder)
+    rejected: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> StepLog:
+        """The step log (a new copy at each call)."""
+        return self.log.freeze()
 
     @property
     def traces(self) -> list[RequestTrace]:
-        return [request.trace() for request in self.requests]
+        """Every request as a streaming client would have recorded it (one chunk per token)."""
+        return [record.trace() for record in self._records(self.steps)]
 
     @property
     def preemptions(self) -> int:
@@ -107,56 +108,19 @@ class HarnessRun:
 
     def result(self, name: str, num_blocks: int, block_size: int) -> SimResult:
         """The run as a :class:`course.sim.SimResult`, for its summary, goodput and plots."""
-        import numpy as np
+        steps = self.steps
+        return SimResult(name, self._records(steps), steps, num_blocks, block_size)
 
-        loads = np.array(self.step_loads, dtype=float).reshape(-1, 4)
-        steps = StepLog.from_columns(
-            self.step_starts,
-            self.step_ends,
-            *loads.T,  # prefill, decode, KV read, attention pairs
-            self.step_seqs,
-            self.used_blocks,
-            self.step_waiting,
-        )
-        records = [
-            RequestRecord(
-                request_id=r.request_id,
-                arrival_time=r.arrival_time,
-                prompt_tokens=r.prompt_tokens,
-                output_tokens=r.output_tokens,
-                token_times=np.array(r.token_times, dtype=float),
-                scheduled=list(r.scheduled_times),
-                preempted=list(r.preempted_times),
-                prefix_hit_tokens=r.prefix_hit_tokens,
-                error=r.error,
-            )
-            for r in self.requests
-        ]
-        return SimResult(name, records, steps, num_blocks, block_size)
-
-
-def step_load(scheduled: Iterable[tuple[SimRequest, int]], *, joined: bool = False) -> tuple[int, int, int, int]:
-    """(prefill tokens, decode tokens, KV tokens read, attention pairs) of a step, before it runs.
-
-    A scheduled request computes ``n`` tokens after ``c`` cached ones. It is a decode when it was
-    already in the batch, already generated a token and only its newest token is left (``n == 1``,
-    ``c == num_tokens - 1``); everything else (prompts, chunks, recomputation) is prefill work.
-    ``joined=True`` says the requests joined the batch from the waiting queue in this step: they are
-    all prefills, however few tokens the prefix cache left them to compute. vLLM V0 schedules them
-    in ``_schedule_prefills`` as prompts ("treats PREEMPTED_FOR_RECOMPUTE as a new prefill") and
-    then schedules no decode in that step; a preempted request whose prompt is cached up to its one
-    generated token computes 1 token, and that is still a prefill.
-    """
-    prefill = decode = kv_read = pairs = 0
-    for request, n in scheduled:
-        c = request.computed
-        if n == 1 and not joined and request.generated and c == request.num_tokens - 1:
-            decode += 1
-        else:
-            prefill += n
-        kv_read += c
-        pairs += n * c + n * (n + 1) // 2
-    return prefill, decode, kv_read, pairs
+    def _records(self, steps: StepLog) -> list[RequestRecord]:
+        """The requests' records, built as the fast engine builds them (:class:`RequestTableBuilder`)."""
+        table = RequestTableBuilder()
+        for r in self.requests:
+            table.add(
+                r.request_id, r.arrival_time, r.prompt_tokens, r.output_tokens, token_runs(r.token_steps),
+                r.scheduled_steps, r.preempted_steps, r.prefix_hit_tokens, r.queried_tokens, r.error,
+            )  # fmt: skip
+        requests = table.build()
+        return [requests.record(i, steps) for i in range(len(requests))]
 
 
 def retire(finished: list[SimRequest], running: list[SimRequest], waiting: deque, blocks) -> None:
@@ -222,43 +186,20 @@ def run(
     if block_hashes is not None:
         for request, spec in zip(requests, specs):
             request.block_hashes = block_hashes(spec)
-    result = HarnessRun(requests, [], [], [], [], [])
+    result = HarnessRun(requests)
+    limits = (max_model_len, watermark_blocks, max_num_queued_reqs)
     waiting: deque[SimRequest] = deque()
     running: list[SimRequest] = []
-    now, next_arrival = 0.0, 0
+    now, arrived = 0.0, 0
     finishing: list[SimRequest] = []  # async scheduling: finished in the last step, not yet freed
     for _ in range(max_steps):
-        while next_arrival < len(requests) and requests[next_arrival].arrival_time <= now:
-            request = requests[next_arrival]
-            next_arrival += 1
-            request.error = rejection(
-                request.prompt_tokens,
-                request.output_tokens,
-                blocks.num_blocks,
-                blocks.block_size,
-                max_model_len,
-                watermark_blocks,
-            )
-            if not request.error and rules.queue_full(len(running) + len(waiting), max_num_queued_reqs):
-                request.error = rules.QUEUE_FULL
-            if request.error:
-                result.rejected.append(request.request_id)
-            else:
-                waiting.append(request)
+        arrived = _arrive(requests, arrived, now, running, waiting, blocks, limits, result.rejected)
         if not running and not waiting:
-            if next_arrival == len(requests):
+            if arrived == len(requests):
                 return result
-            now = max(now, requests[next_arrival].arrival_time)
+            now = max(now, requests[arrived].arrival_time)  # idle: jump to the next arrival
             continue
-        in_batch = {id(request): (request, request.preemptions) for request in running}
-        queued = len(waiting)
-        scheduled = step(running, waiting, blocks)
-        for request, preemptions in in_batch.values():
-            if request.preemptions > preemptions:
-                request.preempted_times.append(now)
-        for request, _ in scheduled:
-            if id(request) not in in_batch:
-                request.scheduled_times.append(now)
+        scheduled, load, queued = _schedule(step, running, waiting, blocks, len(result.log))
         if async_scheduling and finishing:  # the previous step's output is processed after this schedule
             retire(finishing, running, waiting, blocks)
             finishing = []
@@ -269,29 +210,86 @@ def run(
                 f"the step scheduled nothing at t={now:.6g} s with {len(running)} running and {len(waiting)} "
                 f"waiting requests and {blocks.num_free_blocks} free blocks: the simulation would never end"
             )
-        # requests that joined from the queue (new, or preempted and re-admitted) are prefills
-        stayed, joined = [], []
-        for request, n in scheduled:
-            before = in_batch.get(id(request))
-            (stayed if before is not None and before[1] == request.preemptions else joined).append((request, n))
-        load = tuple(a + b for a, b in zip(step_load(stayed), step_load(joined, joined=True)))
-        result.step_starts.append(now)
-        result.step_loads.append(load)
-        result.used_blocks.append(blocks.num_blocks - blocks.num_free_blocks)
-        result.step_seqs.append(len(scheduled))
-        result.step_waiting.append(queued)
-        now = now + cost.step_seconds(*load)
-        result.step_ends.append(now)
-        finished = []
-        for request, n in scheduled:
-            request.computed += n
-            if request.computed == request.num_tokens:  # caught up: this step sampled a new token
-                request.generated += 1
-                request.token_times.append(now)
-                if request.finished:
-                    finished.append(request)
+        end = now + cost.step_seconds(*load)
+        result.log.add(now, end, *load, len(scheduled), blocks.num_blocks - blocks.num_free_blocks, queued)
+        now = end
+        finished = _compute(scheduled, len(result.log) - 1)
         if async_scheduling:
             finishing = finished
         else:
             retire(finished, running, waiting, blocks)
     raise RuntimeError(f"the simulation did not finish within {max_steps} steps")
+
+
+def _arrive(
+    requests: list[SimRequest],
+    arrived: int,
+    now: float,
+    running: list[SimRequest],
+    waiting: deque,
+    blocks,
+    limits: tuple[int | None, int, int | None],
+    rejected: list[str],
+) -> int:
+    """Queue the requests that arrived by ``now`` (from index ``arrived`` on), rejecting those that could
+    never run and shedding those beyond ``max_num_queued_reqs``; returns the index of the next arrival.
+
+    ``limits``: (``max_model_len``, ``watermark_blocks``, ``max_num_queued_reqs``), as :func:`run` takes them.
+    """
+    max_model_len, watermark_blocks, max_num_queued_reqs = limits
+    while arrived < len(requests) and requests[arrived].arrival_time <= now:
+        request = requests[arrived]
+        arrived += 1
+        request.error = rejection(
+            request.prompt_tokens,
+            request.output_tokens,
+            blocks.num_blocks,
+            blocks.block_size,
+            max_model_len,
+            watermark_blocks,
+        )
+        if not request.error and rules.queue_full(len(running) + len(waiting), max_num_queued_reqs):
+            request.error = rules.QUEUE_FULL
+        if request.error:
+            rejected.append(request.request_id)
+        else:
+            waiting.append(request)
+    return arrived
+
+
+def _schedule(
+    step: StepFunction, running: list[SimRequest], waiting: deque, blocks, index: int
+) -> tuple[list[tuple[SimRequest, int]], tuple[int, int, int, int], int]:
+    """Schedule step number ``index`` with the step function and note who joined and who was preempted.
+
+    Returns (the batch, its load as :func:`course.sim.rules.step_load` counts it, requests waiting before).
+    Requests that joined from the queue (new, or preempted and re-admitted) are prefills.
+    """
+    in_batch = {id(request): (request, request.preemptions) for request in running}
+    queued = len(waiting)
+    scheduled = step(running, waiting, blocks)
+    for request, preemptions in in_batch.values():
+        if request.preemptions > preemptions:
+            request.preempted_steps.append(index)
+    stayed, joined = [], []
+    for request, n in scheduled:
+        before = in_batch.get(id(request))
+        if before is None:
+            request.scheduled_steps.append(index)
+        (stayed if before is not None and before[1] == request.preemptions else joined).append((request, n))
+    load = tuple(a + b for a, b in zip(rules.step_load(stayed), rules.step_load(joined, joined=True)))
+    return scheduled, load, queued
+
+
+def _compute(scheduled: list[tuple[SimRequest, int]], index: int) -> list[SimRequest]:
+    """Step number ``index`` ran: each request computed its tokens, and one whose KV cache caught up with its
+    tokens sampled a new one. Returns the requests that finished, in batch order."""
+    finished = []
+    for request, n in scheduled:
+        request.computed += n
+        if request.computed == request.num_tokens:
+            request.generated += 1
+            request.token_steps.append(index)
+            if request.finished:
+                finished.append(request)
+    return finished

@@ -14,11 +14,17 @@ compute vLLM's metrics from those arrays and the step log, with the same numbers
 float per token: the pooled ITLs inside a run are step-to-step gaps, so each step's gap is counted
 once with the number of requests that emitted tokens in it and the step before. ``requests`` and
 ``traces`` are built from the arrays the first time they are asked for.
+
+Both simulators (the readable harness, :func:`course.sim.harness.run`, and the fast engine,
+:func:`course.sim.simulate`) record their steps with one :class:`StepLogBuilder` and their requests with
+one :class:`RequestTableBuilder`; :meth:`RequestTable.record` is the one place a :class:`RequestRecord`
+is made.
 """
 
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -92,6 +98,50 @@ class StepLog:
         """Mean of a per-step quantity over the time the engine was busy."""
         busy = self.duration
         return float(np.sum(values * busy) / np.sum(busy)) if len(self) and np.sum(busy) > 0 else 0.0
+
+
+class StepLogBuilder:
+    """A :class:`StepLog` under construction, one :meth:`add` per step, in 8 bytes a value (a list would
+    hold a Python object per value: 4x the memory at a million steps)."""
+
+    def __init__(self) -> None:
+        self.start, self.end, self.pairs = array("d"), array("d"), array("d")
+        self.prefill, self.decode, self.kv = array("q"), array("q"), array("q")
+        self.seqs, self.used, self.waiting = array("q"), array("q"), array("q")
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def add(
+        self,
+        start: float,
+        end: float,
+        prefill: int,
+        decode: int,
+        kv: int,
+        pairs: int,
+        seqs: int,
+        used: int,
+        waiting: int,
+    ) -> None:
+        """One step: its start and end (s), its load (:func:`course.sim.rules.step_load`), the requests that
+        computed in it, the KV blocks held and the requests waiting when it was scheduled."""
+        self.start.append(start)
+        self.end.append(end)
+        self.prefill.append(prefill)
+        self.decode.append(decode)
+        self.kv.append(kv)
+        self.pairs.append(pairs)
+        self.seqs.append(seqs)
+        self.used.append(used)
+        self.waiting.append(waiting)
+
+    def freeze(self) -> StepLog:
+        """The log as numpy arrays (copied out of the array buffers: StepLog's dtypes)."""
+        columns = (self.start, self.end, self.prefill, self.decode, self.kv, self.pairs, self.seqs, self.used)
+        return StepLog.from_columns(
+            *(np.frombuffer(c, dtype=c.typecode) if len(c) else [] for c in (*columns, self.waiting))
+        )
 
 
 @dataclass
@@ -248,6 +298,94 @@ class RequestTable:
         values = np.concatenate([gaps[used], across])
         weights = np.concatenate([counts[used], np.ones(len(across), dtype=np.int64)])
         return values, weights
+
+
+def token_runs(token_steps: Sequence[int]) -> list[int]:
+    """Increasing step indices as runs of consecutive steps, flattened: ``[first, last, first, last, ...]``."""
+    runs: list[int] = []
+    for step in token_steps:
+        if runs and runs[-1] == step - 1:
+            runs[-1] = step
+        else:
+            runs += (step, step)
+    return runs
+
+
+class RequestTableBuilder:
+    """A :class:`RequestTable` under construction, one :meth:`add` per request in arrival order.
+
+    The readable harness and the fast engine both turn their requests into results through it.
+    """
+
+    def __init__(self) -> None:
+        self.request_ids: list[str] = []
+        self.arrival = array("d")
+        self.prompt, self.output, self.hits, self.queried = array("q"), array("q"), array("q"), array("q")
+        self.runs, self.admissions, self.preemptions = array("q"), array("q"), array("q")  # counts per request
+        self.first, self.last, self.scheduled, self.preempted = array("q"), array("q"), array("q"), array("q")
+        self.errors: dict[int, str] = {}
+
+    def add(
+        self,
+        request_id: str,
+        arrival_time: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        runs: Sequence[int],
+        scheduled_steps: Sequence[int],
+        preempted_steps: Sequence[int],
+        prefix_hit_tokens: int = 0,
+        queried_tokens: int = 0,
+        error: str | None = None,
+    ) -> None:
+        """One request: ``runs`` are its token steps as :func:`token_runs` gives them; ``scheduled_steps``
+        and ``preempted_steps`` the steps at which it joined the batch and was preempted."""
+        if error is not None:
+            self.errors[len(self.request_ids)] = error
+        self.request_ids.append(request_id)
+        self.arrival.append(arrival_time)
+        self.prompt.append(prompt_tokens)
+        self.output.append(output_tokens)
+        self.hits.append(prefix_hit_tokens)
+        self.queried.append(queried_tokens)
+        self.runs.append(len(runs) // 2)
+        if runs:
+            self.first.extend(runs[0::2])
+            self.last.extend(runs[1::2])
+        self.admissions.append(len(scheduled_steps))
+        self.scheduled.extend(scheduled_steps)
+        self.preemptions.append(len(preempted_steps))
+        if preempted_steps:
+            self.preempted.extend(preempted_steps)
+
+    def build(self) -> RequestTable:
+        n = len(self.request_ids)
+
+        def offsets(counts: array) -> np.ndarray:
+            out = np.zeros(n + 1, dtype=np.int64)
+            if n:
+                np.cumsum(np.frombuffer(counts, dtype=np.int64), out=out[1:])
+            return out
+
+        def column(values: array, dtype=np.int64) -> np.ndarray:
+            return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
+
+        return RequestTable(
+            request_ids=self.request_ids,
+            arrival=column(self.arrival, float),
+            prompt_tokens=column(self.prompt),
+            output_tokens=column(self.output),
+            run_offsets=offsets(self.runs),
+            run_first=column(self.first),
+            run_last=column(self.last),
+            scheduled_offsets=offsets(self.admissions),
+            scheduled_steps=column(self.scheduled),
+            preempted_offsets=offsets(self.preemptions),
+            preempted_steps=column(self.preempted),
+            prefix_hit_tokens=column(self.hits),
+            queried_tokens=column(self.queried),
+            errors=self.errors,
+        )
 
 
 def weighted_describe(

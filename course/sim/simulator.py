@@ -22,7 +22,8 @@ the next arrival. What makes it fast is what it does *not* keep:
   tokens one run of steps.
 
 It produces exactly what the readable reference (``course.sim.harness.run`` driving
-``course.sim.steps``) produces: the tests compare the two on random workloads.
+``course.sim.steps``) produces: the tests compare the two on random workloads. Both call the rules of
+:mod:`course.sim.rules` and record their results with the builders of :mod:`course.sim.results`.
 """
 
 from __future__ import annotations
@@ -31,27 +32,23 @@ import bisect
 import gc
 import heapq
 import time
-from array import array
 from collections import deque
-
-import numpy as np
 
 from course.limits import rejection
 from course.sim import rules
 from course.sim.blocks import BlockManager, prompt_block_hashes
 from course.sim.config import SimConfig
-from course.sim.harness import step_load
-from course.sim.results import RequestTable, SimResult, StepLog
+from course.sim.results import RequestTable, RequestTableBuilder, SimResult, StepLogBuilder
 from course.units import cdiv
 from course.workload import RequestSpec, Workload
 
 
-class _Request:
+class _FastRequest:
     """A request's counters inside the engine (see :class:`course.sim.harness.SimRequest`)."""
 
     __slots__ = (
         "spec",
-        "rid",
+        "request_id",
         "output",
         "num_tokens",
         "computed",
@@ -75,7 +72,7 @@ class _Request:
 
     def __init__(self, spec: RequestSpec) -> None:
         self.spec = spec
-        self.rid = spec.request_id
+        self.request_id = spec.request_id
         self.output = spec.output_tokens
         self.num_tokens = spec.prompt_tokens  # prompt + generated
         self.computed = 0
@@ -106,46 +103,6 @@ class _Request:
         self.run_start = step
 
 
-class _Log:
-    """Per-step columns, appended to as plain lists and turned into a StepLog at the end."""
-
-    def __init__(self) -> None:
-        # 8 bytes a value (a list would hold a Python object per value: 4x the memory at a million steps)
-        self.start, self.end, self.pairs = array("d"), array("d"), array("d")
-        self.prefill, self.decode, self.kv = array("q"), array("q"), array("q")
-        self.seqs, self.used, self.waiting = array("q"), array("q"), array("q")
-
-    def add(self, start, end, prefill, decode, kv, pairs, seqs, used, waiting) -> None:
-        self.start.append(start)
-        self.end.append(end)
-        self.prefill.append(prefill)
-        self.decode.append(decode)
-        self.kv.append(kv)
-        self.pairs.append(pairs)
-        self.seqs.append(seqs)
-        self.used.append(used)
-        self.waiting.append(waiting)
-
-    def freeze(self) -> StepLog:
-        """The log as numpy arrays (copied out of the array buffers: StepLog's dtypes)."""
-        return StepLog.from_columns(
-            *(
-                np.frombuffer(column, dtype=column.typecode) if len(column) else []
-                for column in (
-                    self.start,
-                    self.end,
-                    self.prefill,
-                    self.decode,
-                    self.kv,
-                    self.pairs,
-                    self.seqs,
-                    self.used,
-                    self.waiting,
-                )
-            )
-        )
-
-
 def simulate(workload: Workload, config: SimConfig | None = None, cost=None, name: str | None = None) -> SimResult:
     """Simulate serving ``workload`` with ``config``'s scheduler and ``cost``'s step times.
 
@@ -163,7 +120,7 @@ def simulate(workload: Workload, config: SimConfig | None = None, cost=None, nam
     if cost is None:
         raise ValueError("simulate() needs a cost model, e.g. course.sim.RooflineCost(geometry, gpu)")
     config = config or SimConfig()
-    requests = [_Request(spec) for spec in sorted(workload, key=lambda spec: spec.arrival_time)]
+    requests = [_FastRequest(spec) for spec in sorted(workload, key=lambda spec: spec.arrival_time)]
     _reject_impossible(requests, config)
     started = time.perf_counter()
     # The run allocates no reference cycles; without this the cyclic collector would walk every live
@@ -187,7 +144,7 @@ def simulate(workload: Workload, config: SimConfig | None = None, cost=None, nam
     return SimResult(label, None, steps, config.num_blocks, config.block_size, settings, wall, columns=table)
 
 
-def _reject_impossible(requests: list[_Request], config: SimConfig) -> None:
+def _reject_impossible(requests: list[_FastRequest], config: SimConfig) -> None:
     budget = config.token_budget
     static = config.scheduler == "static"
     for r in requests:
@@ -210,66 +167,31 @@ def _reject_impossible(requests: list[_Request], config: SimConfig) -> None:
             )
 
 
-def _table(requests: list[_Request]) -> RequestTable:
-    """The requests' results as columns (see :class:`course.sim.results.RequestTable`)."""
-    n = len(requests)
-    firsts, lasts, scheduled, preempted = array("q"), array("q"), array("q"), array("q")
-    runs, admissions, preemptions = array("q", bytes(8 * n)), array("q", bytes(8 * n)), array("q", bytes(8 * n))
-    errors = {}
-    for i, r in enumerate(requests):
-        count = len(r.runs) // 2
-        if count:
-            firsts.extend(r.runs[0::2])
-            lasts.extend(r.runs[1::2])
-        if r.run_start >= 0:
-            firsts.append(r.run_start)
-            lasts.append(r.last_step)
-            count += 1
-        runs[i] = count
-        admissions[i] = len(r.scheduled_steps)
-        scheduled.extend(r.scheduled_steps)
-        if r.preempted_steps:
-            preemptions[i] = len(r.preempted_steps)
-            preempted.extend(r.preempted_steps)
-        if r.error is not None:
-            errors[i] = r.error
-
-    def offsets(counts: array) -> np.ndarray:
-        out = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.frombuffer(counts, dtype=np.int64), out=out[1:])
-        return out
-
-    def column(values: array) -> np.ndarray:
-        return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
-
-    return RequestTable(
-        request_ids=[r.rid for r in requests],
-        arrival=np.fromiter((r.spec.arrival_time for r in requests), dtype=float, count=n),
-        prompt_tokens=np.fromiter((r.spec.prompt_tokens for r in requests), dtype=np.int64, count=n),
-        output_tokens=np.fromiter((r.output for r in requests), dtype=np.int64, count=n),
-        run_offsets=offsets(runs),
-        run_first=column(firsts),
-        run_last=column(lasts),
-        scheduled_offsets=offsets(admissions),
-        scheduled_steps=column(scheduled),
-        preempted_offsets=offsets(preemptions),
-        preempted_steps=column(preempted),
-        prefix_hit_tokens=np.fromiter((r.hit_tokens for r in requests), dtype=np.int64, count=n),
-        queried_tokens=np.fromiter((r.queried_tokens for r in requests), dtype=np.int64, count=n),
-        errors=errors,
-    )
+def _table(requests: list[_FastRequest]) -> RequestTable:
+    """The requests' results as columns, made as the readable harness makes them (one builder)."""
+    table = RequestTableBuilder()
+    for r in requests:
+        runs = r.runs
+        if r.run_start >= 0:  # close the open run of token steps
+            runs += (r.run_start, r.last_step)
+        spec = r.spec
+        table.add(
+            r.request_id, spec.arrival_time, spec.prompt_tokens, r.output, runs, r.scheduled_steps,
+            r.preempted_steps, r.hit_tokens, r.queried_tokens, r.error,
+        )  # fmt: skip
+    return table.build()
 
 
-def _run_iterative(requests: list[_Request], config: SimConfig, cost) -> _Log:
+def _run_iterative(requests: list[_FastRequest], config: SimConfig, cost) -> StepLogBuilder:
     """Continuous batching (vLLM V1) and prefill-first (vLLM V0); see course.sim.steps for the rules."""
     return _IterativeRun(requests, config, cost).run()
 
 
-def _admission_order(r: _Request) -> int:
+def _admission_order(r: _FastRequest) -> int:
     return r.order
 
 
-def _sample(r: _Request, step: int) -> bool:
+def _sample(r: _FastRequest, step: int) -> bool:
     """The step computed all of ``r``'s tokens, so it samples the next one; True when that was the last.
 
     The token is remembered in ``r``'s runs of consecutive steps (see the module docstring).
@@ -293,7 +215,7 @@ class _IterativeRun:
     the step is timed and logged, and finished requests leave (:meth:`_retire`).
     """
 
-    def __init__(self, requests: list[_Request], config: SimConfig, cost) -> None:
+    def __init__(self, requests: list[_FastRequest], config: SimConfig, cost) -> None:
         self.requests = requests
         self.bs = bs = config.block_size
         self.caching = config.enable_prefix_caching
@@ -317,23 +239,23 @@ class _IterativeRun:
         # keep their blocks and slots until this step is scheduled. They leave self.running at once
         # (the hot loop never meets them); self.finishing holds them, in the order they finished.
         self.async_scheduling = config.async_scheduling and config.scheduler == "continuous"
-        self.finishing: list[_Request] = []
+        self.finishing: list[_FastRequest] = []
         self.admissions = 0
         self.step_seconds = cost.step_seconds
-        self.log = _Log()
-        self.waiting: deque[_Request] = deque()
-        self.running: list[_Request] = []
+        self.log = StepLogBuilder()
+        self.waiting: deque[_FastRequest] = deque()
+        self.running: list[_FastRequest] = []
         self.step = 0  # index of the step being scheduled
         # The decode fast path (module docstring): V1 without prefix caching, where block ids do not matter.
         self.fast = not self.prefill_first and not self.caching
         self.decoders = 0  # lazy decodes (in self.running)
         self.context = 0  # their computed tokens, summed, at the start of the step being scheduled
         self.phases = [0] * bs  # lazy decodes by phase: (step + phase) % bs == 0 takes them a block
-        self.ends: list[tuple[int, int, _Request]] = []  # heap: (step of a lazy decode's last token, order, it)
+        self.ends: list[tuple[int, int, _FastRequest]] = []  # heap: (step of a lazy decode's last token, order, it)
         self.held = 0  # blocks the lazy decodes took, held unnamed by the BlockManager
-        self.active: list[_Request] = []  # the running requests that are not lazy, in running order
+        self.active: list[_FastRequest] = []  # the running requests that are not lazy, in running order
 
-    def run(self) -> _Log:
+    def run(self) -> StepLogBuilder:
         """Step until every request has finished (or was rejected); jump over idle time to the next arrival."""
         requests, waiting = self.requests, self.waiting
         now, next_arrival, total = 0.0, 0, len(requests)
@@ -355,16 +277,16 @@ class _IterativeRun:
                 now = max(now, requests[next_arrival].spec.arrival_time)
                 continue
             # V0 decodes only when no prompt can start; module 2's loop also right after a prefill step
-            decode_only = self.decode_after_prefill and last_step_prefilled and bool(self.running)
+            decode_only = self.decode_after_prefill and rules.decode_only(last_step_prefilled, self.running)
             now, last_step_prefilled = self._step(now, decode_only)
 
     def _step(self, now: float, decode_only: bool) -> tuple[float, bool]:
         """Schedule, compute and log the step that starts at ``now``; returns (its end, whether it admitted)."""
         queued = len(self.waiting)
-        finished: list[_Request] = []
+        finished: list[_FastRequest] = []
         # The batch as (request, tokens) for requests admitted from the queue; running requests are
         # computed inside _schedule_running, because that loop is where the simulator spends its time.
-        admitted: list[tuple[_Request, int]] = []
+        admitted: list[tuple[_FastRequest, int]] = []
         budget = self.token_budget
         load = (0, 0, 0, 0, 0)  # prefill tokens, decode tokens, KV tokens read, attention pairs, requests
         if self.threshold:
@@ -408,7 +330,7 @@ class _IterativeRun:
 
     # --- the decode fast path --------------------------------------------------------------------
 
-    def _fast_running(self, budget: int, finished: list[_Request]) -> tuple[tuple, int] | None:
+    def _fast_running(self, budget: int, finished: list[_FastRequest]) -> tuple[tuple, int] | None:
         """The running part of a step in which nothing can be preempted or cut: lazy decodes in bulk.
 
         When the running requests' tokens fit the budget and their new blocks fit the free blocks,
@@ -423,7 +345,7 @@ class _IterativeRun:
         tokens, new_blocks, cap = decoders, crossings, self.cap
         active = self.active
         for r in active:
-            n = r.num_tokens - r.computed
+            n = r.num_tokens - r.computed  # rules.chunk_size, inlined (see _schedule_running)
             if 0 < cap < n:
                 n = cap
             tokens += n
@@ -440,19 +362,19 @@ class _IterativeRun:
         for r in active:  # _schedule_running's loop, without preemption (the blocks were counted)
             c = r.computed
             num_tokens = r.num_tokens
-            n = num_tokens - c
+            n = num_tokens - c  # rules.chunk_size, inlined: they fit the budget
             if 0 < cap < n:
                 n = cap
             after = c + n
             if after > r.capacity:
-                reserve(r.rid, after)
+                reserve(r.request_id, after)
                 r.capacity = cdiv(after, bs) * bs
-            if n == 1 and r.generated and c == num_tokens - 1:
+            if n == 1 and r.generated and c == num_tokens - 1:  # rules.step_load, inlined
                 decode += 1
-                pairs += c + 1
+                pairs += c + 1  # rules.attention_pairs(1, c)
             else:
                 prefill += n
-                pairs += n * c + n * (n + 1) // 2
+                pairs += n * c + n * (n + 1) // 2  # rules.attention_pairs(n, c)
             kv_read += c
             seqs += 1
             r.computed = after
@@ -471,7 +393,7 @@ class _IterativeRun:
         self.context += self.decoders  # every other lazy decode computed one more token
         return (prefill, decode, kv_read, pairs, seqs), budget - tokens
 
-    def _catch_up(self, r: _Request, step: int) -> None:
+    def _catch_up(self, r: _FastRequest, step: int) -> None:
         """Bring a lazy decode's counters to the start of ``step``: one token per step since ``r.sync``."""
         k = step - r.sync
         if k:
@@ -482,14 +404,14 @@ class _IterativeRun:
             r.generated += k
             r.last_step = step - 1
 
-    def _name_blocks(self, r: _Request) -> None:
+    def _name_blocks(self, r: _FastRequest) -> None:
         """Move the blocks a lazy decode crossed into from the held pool to its own table."""
         after = r.computed
         if after > r.capacity:
             more = cdiv(after, self.bs) - r.capacity // self.bs
             self.blocks.release(more)
             self.held -= more
-            self.blocks.reserve(r.rid, after)
+            self.blocks.reserve(r.request_id, after)
             r.capacity = cdiv(after, self.bs) * self.bs
 
     def _materialize(self) -> bool:
@@ -502,7 +424,7 @@ class _IterativeRun:
                 if r.lazy:
                     self._catch_up(r, step)
                     if r.computed > r.capacity:
-                        self.blocks.reserve(r.rid, r.computed)
+                        self.blocks.reserve(r.request_id, r.computed)
                         r.capacity = cdiv(r.computed, bs) * bs
                     r.lazy = False
             self.decoders = self.context = 0
@@ -510,7 +432,7 @@ class _IterativeRun:
             self.ends = []
         return True
 
-    def _lazify(self, candidates: list[_Request]) -> None:
+    def _lazify(self, candidates: list[_FastRequest]) -> None:
         """After a step: the running ``candidates`` that now decode become lazy; the rest stay active."""
         step, bs, active = self.step, self.bs, []
         for r in candidates:
@@ -531,40 +453,38 @@ class _IterativeRun:
     def _free_finishing(self) -> None:
         """Async scheduling: free the blocks of the requests that finished in the last step."""
         for r in self.finishing:  # those preempted meanwhile left the list (_preempt_for)
-            self.blocks.free(r.rid)
+            self.blocks.free(r.request_id)
         self.finishing = []
 
     # --- admission -------------------------------------------------------------------------------
 
-    def _cached_prefix(self, r: _Request) -> tuple[list, int]:
+    def _cached_prefix(self, r: _FastRequest) -> tuple[list, int]:
         """(prefix-cache hits, tokens they hold) for the head of the queue; never all its tokens."""
         if not self.caching:
             return [], 0
         hits = self.blocks.lookup(r.hashes, (r.num_tokens - 1) // self.bs)
         return hits, len(hits) * self.bs
 
-    def _admit_whole_prompts(self, admitted: list[tuple[_Request, int]], budget: int) -> int:
+    def _admit_whole_prompts(self, admitted: list[tuple[_FastRequest, int]], budget: int) -> int:
         """V0: admit queued requests whose whole prompt fits the budget and leaves the watermark free.
 
         Appends them to ``admitted``; returns the budget left.
         """
-        waiting, running, blocks, bs = self.waiting, self.running, self.blocks, self.bs
-        while waiting and len(running) < self.max_seqs:
+        waiting, running, blocks = self.waiting, self.running, self.blocks
+        while rules.admits_more(waiting, budget, len(running), self.max_seqs):
             r = waiting[0]
             hits, computed = self._cached_prefix(r)
-            n = r.num_tokens - computed
-            if n > budget:
+            n = rules.chunk_size(r.num_tokens - computed, budget, chunked=False)  # whole prompts only
+            if not n or not rules.v0_can_admit(blocks, computed + n, hits, self.watermark):
                 break
-            if blocks.num_free_blocks - (cdiv(computed + n, bs) - len(hits)) < self.watermark:
-                break
-            if not blocks.allocate(r.rid, computed + n, hits):
+            if not blocks.allocate(r.request_id, computed + n, hits):
                 break
             self._admit(r, n, computed, hits)
             admitted.append((r, n))
             budget -= n
         return budget
 
-    def _admit_chunks(self, admitted: list[tuple[_Request, int]], budget: int) -> None:
+    def _admit_chunks(self, admitted: list[tuple[_FastRequest, int]], budget: int) -> None:
         """V1: admit queued requests in order while the budget and ``max_num_seqs`` allow.
 
         With chunked prefill a prompt is cut to the budget left; without it admission stops at a
@@ -573,28 +493,24 @@ class _IterativeRun:
         """
         waiting, running, blocks, threshold = self.waiting, self.running, self.blocks, self.cap
         full, watermark, finishing = self.reserve_full_isl, self.watermark, self.finishing
-        while waiting and budget > 0 and len(running) + len(finishing) < self.max_seqs:
+        while rules.admits_more(waiting, budget, len(running) + len(finishing), self.max_seqs):
             r = waiting[0]
             hits, computed = self._cached_prefix(r)
-            n = r.num_tokens - computed
-            if 0 < threshold < n:
-                n = threshold
-            if not self.chunked and n > budget:
+            n = rules.chunk_size(r.num_tokens - computed, budget, threshold, self.chunked)
+            if not n:  # without chunked prefill, a prompt that does not fit the budget whole
                 break
-            if n > budget:
-                n = budget
             if not rules.can_admit(
                 blocks, r.num_tokens, computed + n, hits, reserve_full_isl=full, watermark_blocks=watermark,
                 others_running=bool(running) or bool(finishing),
             ):  # fmt: skip
                 break
-            if not blocks.allocate(r.rid, computed + n, hits):
+            if not blocks.allocate(r.request_id, computed + n, hits):
                 break
             self._admit(r, n, computed, hits)
             admitted.append((r, n))
             budget -= n
 
-    def _admit(self, r: _Request, n: int, computed: int, hits: list) -> None:
+    def _admit(self, r: _FastRequest, n: int, computed: int, hits: list) -> None:
         """Move the head of the queue into the batch with ``n`` tokens after ``computed`` cached ones."""
         self.waiting.popleft()
         self.running.append(r)
@@ -611,15 +527,15 @@ class _IterativeRun:
             self.active.append(r)
         self._register(r, computed + n)  # later admissions in this step can hit these blocks
 
-    def _register(self, r: _Request, after: int) -> None:
+    def _register(self, r: _FastRequest, after: int) -> None:
         """Put ``r``'s prompt blocks that are full after ``after`` tokens into the prefix cache."""
         if self.caching and after // self.bs > r.registered:
-            self.blocks.cache_full_blocks(r.rid, r.hashes, after)
+            self.blocks.cache_full_blocks(r.request_id, r.hashes, after)
             r.registered = min(after // self.bs, len(r.hashes))
 
     # --- the running batch -----------------------------------------------------------------------
 
-    def _schedule_running(self, budget: int, finished: list[_Request]) -> tuple[tuple, int, bool]:
+    def _schedule_running(self, budget: int, finished: list[_FastRequest]) -> tuple[tuple, int, bool]:
         """Give running requests their tokens in admission order and compute them.
 
         Each asks for all its uncomputed tokens (a decode for 1), capped by the long-prefill
@@ -628,7 +544,12 @@ class _IterativeRun:
         ``finished``. Returns (the step's load so far, budget left, whether anything was preempted).
 
         This loop is where the simulator spends its time (once per scheduled token), so it keeps
-        to locals, calls out only at block boundaries and inlines :func:`_sample`.
+        to locals, calls out only at block boundaries and inlines :func:`_sample` and three rules of
+        :mod:`course.sim.rules` (``chunk_size``, ``step_load``'s decode test, ``attention_pairs``), as
+        :meth:`_fast_running` does. One simulate() of ``benchmarks/sim_speed.py``'s Poisson-60 load (KV
+        pressure and preemptions send its steps down this loop) took 4.27 G instructions calling them and
+        4.12 G inlining them (callgrind, whole process; 4.03 G before the rules moved to their module).
+        The property tests (``tests/test_sim_properties.py``) hold these copies equal to the rules.
         """
         threshold, caching, step, bs = self.cap, self.caching, self.step, self.bs
         reserve = self.blocks.reserve
@@ -642,26 +563,26 @@ class _IterativeRun:
                 break
             c = r.computed
             num_tokens = r.num_tokens
-            n = num_tokens - c
+            n = num_tokens - c  # rules.chunk_size, inlined
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
                 n = budget
             after = c + n
             if after > r.capacity:  # crosses into a new block
-                if not reserve(r.rid, after):
+                if not reserve(r.request_id, after):
                     preempted = True
                     if not self._preempt_for(r, after):
                         break
                 r.capacity = cdiv(after, bs) * bs
             if caching and r.registered < len(r.hashes):
                 self._register(r, after)
-            if n == 1 and r.generated and c == num_tokens - 1:
+            if n == 1 and r.generated and c == num_tokens - 1:  # rules.step_load, inlined
                 decode += 1
-                pairs += c + 1
+                pairs += c + 1  # rules.attention_pairs(1, c)
             else:
                 prefill += n
-                pairs += n * c + n * (n + 1) // 2
+                pairs += n * c + n * (n + 1) // 2  # rules.attention_pairs(n, c)
             kv_read += c
             budget -= n
             seqs += 1
@@ -677,7 +598,7 @@ class _IterativeRun:
                     finished.append(r)
         return (prefill, decode, kv_read, pairs, seqs), budget, preempted
 
-    def _preempt_for(self, r: _Request, after: int) -> bool:
+    def _preempt_for(self, r: _FastRequest, after: int) -> bool:
         """Preempt the most recently admitted requests until ``r`` gets blocks for ``after`` tokens.
 
         Preemption is by recompute: the victim's blocks are freed, it forgets its computed tokens
@@ -687,36 +608,31 @@ class _IterativeRun:
         running, blocks, waiting, finishing = self.running, self.blocks, self.waiting, self.finishing
         while True:
             # vLLM's victim is the last of its running list, where finishing requests (async) keep their place
-            last = max(finishing, key=_admission_order) if finishing else None
-            if last is not None and last.order > running[-1].order:
+            held = len(finishing)
+            victim = rules.pop_victim(running, finishing, _admission_order)
+            victim.preempted_steps.append(self.step)
+            if len(finishing) < held:
                 # finishing: vLLM preempts it, then finishes it from the waiting queue when its last token
                 # arrives (rules module docstring); the step admits nobody, so it never joins the queue here
-                finishing.remove(last)
-                blocks.free(last.rid)
-                last.preempted_steps.append(self.step)
-                if blocks.reserve(r.rid, after):
-                    return True
-                continue
-            victim = running.pop()
-            blocks.free(victim.rid)
-            victim.computed = victim.capacity = victim.registered = 0
-            victim.preempted_steps.append(self.step)
-            waiting.appendleft(victim)
-            if victim is r:
-                return False
-            if blocks.reserve(r.rid, after):
+                blocks.free(victim.request_id)
+            else:
+                rules.preempt(victim, waiting, blocks)
+                victim.capacity = victim.registered = 0
+                if victim is r:
+                    return False
+            if blocks.reserve(r.request_id, after):
                 return True
 
     def _compute_admitted(
-        self, admitted: list[tuple[_Request, int]], load: tuple, finished: list[_Request]
+        self, admitted: list[tuple[_FastRequest, int]], load: tuple, finished: list[_FastRequest]
     ) -> tuple[int, int, int, int, int]:
         """Add the admitted requests' tokens to the step's ``load`` and compute them; returns the new load.
 
-        Their load is the reference's :func:`course.sim.harness.step_load`, computed before they advance;
+        Their load is the reference's :func:`course.sim.rules.step_load`, computed before they advance;
         all of them are prefills, even one that the prefix cache leaves a single token to compute.
         """
         prefill, decode, kv_read, pairs, seqs = load
-        more_prefill, more_decode, more_kv_read, more_pairs = step_load(admitted, joined=True)
+        more_prefill, more_decode, more_kv_read, more_pairs = rules.step_load(admitted, joined=True)
         step = self.step
         for r, n in admitted:
             r.computed += n
@@ -730,7 +646,7 @@ class _IterativeRun:
             seqs + len(admitted),
         )
 
-    def _retire(self, finished: list[_Request]) -> None:
+    def _retire(self, finished: list[_FastRequest]) -> None:
         """Free the finished requests' blocks (in the order they finished) and drop them from the batch.
 
         Under async scheduling their blocks and slots are held until the next step is scheduled.
@@ -739,7 +655,7 @@ class _IterativeRun:
             self.finishing = finished
         else:
             for r in finished:
-                self.blocks.free(r.rid)
+                self.blocks.free(r.request_id)
         if len(finished) < 16:  # a few: list.remove finds each by identity in C, without a Python loop
             for r in finished:
                 self.running.remove(r)
@@ -747,26 +663,18 @@ class _IterativeRun:
             self.running = [r for r in self.running if r.generated < r.output]
 
 
-def _run_static(requests: list[_Request], config: SimConfig, cost) -> _Log:
+def _run_static(requests: list[_FastRequest], config: SimConfig, cost) -> StepLogBuilder:
     """Padded batches of up to ``max_num_seqs`` requests run to completion (see steps.run_static)."""
     bs, batch_size, num_blocks = config.block_size, config.max_num_seqs, config.num_blocks
-    log = _Log()
+    log = StepLogBuilder()
     live = [r for r in requests if r.error is None]
-    arrivals = [r.spec.arrival_time for r in live]
+    specs = [r.spec for r in live]
+    arrivals = [spec.arrival_time for spec in specs]
     now, step, index = 0.0, 0, 0
     while index < len(live):
-        now = max(now, live[index].spec.arrival_time)
-        batch: list[_Request] = []
-        longest_prompt = longest_output = 0
-        while index < len(live) and len(batch) < batch_size and live[index].spec.arrival_time <= now:
-            spec = live[index].spec
-            prompt = max(longest_prompt, spec.prompt_tokens)
-            output = max(longest_output, spec.output_tokens)
-            if batch and (len(batch) + 1) * cdiv(prompt + output, bs) > num_blocks:
-                break
-            batch.append(live[index])
-            longest_prompt, longest_output = prompt, output
-            index += 1
+        now = max(now, arrivals[index])
+        end, longest_prompt, longest_output = rules.static_batch(specs, index, now, batch_size, num_blocks, bs)
+        batch, index = live[index:end], end
         size = len(batch)
         used = size * cdiv(longest_prompt + longest_output, bs)
         queued = bisect.bisect_right(arrivals, now) - index
@@ -775,14 +683,9 @@ def _run_static(requests: list[_Request], config: SimConfig, cost) -> _Log:
             r.scheduled_steps.append(step)
             r.run_start, r.last_step = step, step + r.output - 1
             r.generated = r.output
-        pairs = size * longest_prompt * (longest_prompt + 1) // 2
-        end = now + cost.step_seconds(size * longest_prompt, 0, 0, pairs)
-        log.add(now, end, size * longest_prompt, 0, 0, pairs, size, used, queued)
-        now, step = end, step + 1
-        for k in range(1, longest_output):
-            context = longest_prompt + k - 1
-            end = now + cost.step_seconds(0, size, size * context, size * (context + 1))
-            log.add(now, end, 0, size, size * context, size * (context + 1), size, used, queued)
+        for load in rules.static_batch_loads(size, longest_prompt, longest_output):
+            end = now + cost.step_seconds(*load)
+            log.add(now, end, *load, size, used, queued)
             now, step = end, step + 1
         assert step == first + longest_output
     return log

@@ -29,7 +29,8 @@
 
 These are the library's reference implementations: module 3's exercises rebuild the continuous step
 and the static baseline, and :func:`course.sim.simulate` runs the same policies fast (the tests
-check that both give identical traces).
+check that both give identical traces). Each rule (how many tokens a request gets, who may join,
+who is preempted, what a step costs) is a function of :mod:`course.sim.rules` that both call.
 """
 
 from __future__ import annotations
@@ -41,20 +42,17 @@ from course.limits import rejection
 from course.sim import rules
 from course.sim.harness import SimRequest
 from course.trace import RequestTrace
-from course.units import cdiv
 from course.workload import RequestSpec, Workload
 
 
 def preempt(request: SimRequest, waiting: deque, blocks) -> None:
-    """Preemption by recompute: drop the request's KV cache and queue it first in line.
+    """Preemption by recompute (:func:`course.sim.rules.preempt`), counted on the request.
 
     It keeps the tokens it already generated (the client has them); when it is admitted again it
     prefills prompt + generated tokens and then continues where it stopped.
     """
-    blocks.free(request.request_id)
-    request.computed = 0
+    rules.preempt(request, waiting, blocks)
     request.preemptions += 1
-    waiting.appendleft(request)
 
 
 def _prefix_hits(request: SimRequest, blocks) -> list[int]:
@@ -83,6 +81,7 @@ def _admit(request: SimRequest, n: int, computed: int, running: list[SimRequest]
     running.append(request)
     request.computed = computed
     request.prefix_hit_tokens += computed
+    request.queried_tokens += request.num_tokens
     _register(request, n, blocks)
 
 
@@ -101,13 +100,10 @@ def schedule_running(
         if request.finished:  # async scheduling: its last token is still in flight; it holds its slot
             index += 1
             continue
-        n = request.remaining
-        if 0 < long_prefill_token_threshold < n:
-            n = long_prefill_token_threshold
-        n = min(n, budget)
+        n = rules.chunk_size(request.remaining, budget, long_prefill_token_threshold)
         fits = True
         while not blocks.append(request.request_id, n):
-            victim = running.pop()  # the most recently admitted request
+            victim = rules.pop_victim(running)  # the most recently admitted request
             preempt(victim, waiting, blocks)
             preempted = True
             if victim is request:
@@ -147,16 +143,13 @@ def continuous_step(
     scheduled, budget, preempted = schedule_running(running, waiting, blocks, token_budget, threshold)
     if preempted:  # V1 admits nobody in a step that had to preempt
         return scheduled
-    while waiting and budget > 0 and len(running) < max_num_seqs:
+    while rules.admits_more(waiting, budget, len(running), max_num_seqs):
         request = waiting[0]
         hits = _prefix_hits(request, blocks)
         computed = len(hits) * blocks.block_size
-        n = request.num_tokens - computed
-        if 0 < threshold < n:
-            n = threshold
-        if not chunked_prefill and n > budget:
+        n = rules.chunk_size(request.num_tokens - computed, budget, threshold, chunked_prefill)
+        if not n:  # without chunked prefill, a prompt that does not fit the budget whole
             break
-        n = min(n, budget)
         if not rules.can_admit(
             blocks, request.num_tokens, computed + n, hits, reserve_full_isl=reserve_full_isl,
             watermark_blocks=watermark_blocks, others_running=bool(running),
@@ -186,15 +179,12 @@ def prefill_first_step(
     """
     scheduled: list[tuple[SimRequest, int]] = []
     budget = token_budget
-    while waiting and len(running) < max_num_seqs:
+    while rules.admits_more(waiting, budget, len(running), max_num_seqs):
         request = waiting[0]
         hits = _prefix_hits(request, blocks)
         computed = len(hits) * blocks.block_size
-        n = request.num_tokens - computed
-        if n > budget:
-            break
-        new_blocks = cdiv(computed + n, blocks.block_size) - len(hits)
-        if blocks.num_free_blocks - new_blocks < watermark_blocks:
+        n = rules.chunk_size(request.num_tokens - computed, budget, chunked=False)  # whole prompts only
+        if not n or not rules.v0_can_admit(blocks, computed + n, hits, watermark_blocks):
             break
         if not _allocate(blocks, request, computed + n, hits):
             break
@@ -219,7 +209,7 @@ class PrefillThenDecode:
         self.prefilled = False  # was the last step a prefill step?
 
     def __call__(self, running: list[SimRequest], waiting: deque, blocks) -> list[tuple[SimRequest, int]]:
-        if self.prefilled and running:
+        if rules.decode_only(self.prefilled, running):
             self.prefilled = False
             return schedule_running(running, waiting, blocks, self.token_budget)[0]
         was_waiting = {id(request) for request in waiting}
@@ -267,27 +257,13 @@ def run_static(
     now, index = 0.0, 0
     while index < len(specs):
         now = max(now, specs[index].arrival_time)
-        batch: list[RequestSpec] = []
-        longest_prompt = longest_output = 0
-        while index < len(specs) and len(batch) < batch_size and specs[index].arrival_time <= now:
-            candidate = specs[index]
-            prompt = max(longest_prompt, candidate.prompt_tokens)
-            output = max(longest_output, candidate.output_tokens)
-            if num_blocks is not None and batch and (len(batch) + 1) * cdiv(prompt + output, block_size) > num_blocks:
-                break
-            batch.append(candidate)
-            longest_prompt, longest_output = prompt, output
-            index += 1
-        size = len(batch)
+        end, longest_prompt, longest_output = rules.static_batch(specs, index, now, batch_size, num_blocks, block_size)
+        batch, index = specs[index:end], end
         times: dict[str, list[float]] = {s.request_id: [] for s in batch}
-        now += cost.step_seconds(size * longest_prompt, 0, 0, size * longest_prompt * (longest_prompt + 1) // 2)
-        for s in batch:
-            times[s.request_id].append(now)
-        for k in range(1, longest_output):
-            context = longest_prompt + k - 1
-            now += cost.step_seconds(0, size, size * context, size * (context + 1))
+        for k, load in enumerate(rules.static_batch_loads(len(batch), longest_prompt, longest_output)):
+            now += cost.step_seconds(*load)
             for s in batch:
-                if s.output_tokens > k:
+                if s.output_tokens > k:  # step k (0: the prefill) gives the requests that want it a token
                     times[s.request_id].append(now)
         for s in batch:
             traces[s.request_id] = RequestTrace.from_token_times(

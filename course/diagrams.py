@@ -143,7 +143,7 @@ def request_timeline(request: RequestTrace | RequestRecord, *, admitted: float |
     lane = 0.0
     if admitted is None:
         ax.barh([lane], [ttft * MS], left=0, height=0.4, color=QUEUE, gid="wait")
-        ax.text(ttft * MS / 2, lane, "queue + prefill (+ network)", ha="center", va="center", fontsize=8)
+        ax.text(ttft * MS / 2, lane, "queue + tokenize + prefill (+ network)", ha="center", va="center", fontsize=8)
     else:
         queue = (admitted - send) * MS
         ax.barh([lane], [queue], left=0, height=0.4, color=QUEUE, gid="queue")

@@ -92,9 +92,10 @@ def _span(ax: Axes, start: float, end: float, y: float, label: str, gid: str, *,
         arrowprops={"arrowstyle": "<->", "color": "black", "linewidth": 1.0, "shrinkA": 0, "shrinkB": 0},
         gid=gid,
     )
+    offset = 0.08 if above else -0.08  # "above" on screen, whichever way the y axis runs
     ax.text(
         (start + end) / 2,
-        y + (0.08 if above else -0.08),
+        y - offset if ax.yaxis_inverted() else y + offset,
         label,
         ha="center",
         va="bottom" if above else "top",

@@ -13,7 +13,7 @@ import pytest
 from helpers import reference
 
 from course.sim import BlockManager, LinearCost, SimConfig, rules, simulate
-from course.sim.results import RequestTableBuilder, StepLogBuilder, token_runs
+from course.sim.results import StepLogBuilder, request_table, token_runs
 from course.workload import RequestSpec, Workload
 
 COST = LinearCost(a=0.01, b=0.001, c=0.002, d=1e-5)
@@ -85,14 +85,17 @@ def test_the_builders_make_the_records_both_simulators_return():
         log.add(float(k), k + 1.0, 8 if k == 0 else 0, 0 if k == 0 else 2, 2 * k, 3 * k, 2, 5, 0)
     steps = log.freeze()
     assert len(steps) == 4 and steps.end.tolist() == [1.0, 2.0, 3.0, 4.0] and steps.attention_pairs.dtype == float
-    table = RequestTableBuilder()
-    table.add("a", 0.0, 4, 3, token_runs([0, 1, 3]), [0, 3], [2], 4, 8)
-    table.add("b", 0.5, 9, 2, [], [], [], error="rejected")
-    built = table.build()
+    built = request_table(
+        [
+            ("a", 0.0, 4, 3, token_runs([0, 1, 3]), [0, 3], [2], 4, 8, None),
+            ("b", 0.5, 9, 2, [], [], [], 0, 0, "rejected"),
+        ]
+    )
     a, b = built.record(0, steps), built.record(1, steps)
     assert a.token_times.tolist() == [1.0, 2.0, 4.0] and a.scheduled == [0.0, 3.0] and a.preempted == [2.0]
     assert (a.prefix_hit_tokens, a.queried_tokens, a.error) == (4, 8, None)
     assert len(b.token_times) == 0 and b.error == "rejected" and built.errors == {1: "rejected"}
+    assert len(request_table([])) == 0 and request_table([]).run_offsets.tolist() == [0]
 
 
 # --- one home: a changed rule changes both simulators ---------------------------------------------

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from course.limits import rejection
 from course.sim import rules
-from course.sim.results import RequestRecord, RequestTableBuilder, SimResult, StepLog, StepLogBuilder, token_runs
+from course.sim.results import RequestRecord, SimResult, StepLog, StepLogBuilder, request_table, token_runs
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
 
@@ -112,14 +112,12 @@ class HarnessRun:
         return SimResult(name, self._records(steps), steps, num_blocks, block_size)
 
     def _records(self, steps: StepLog) -> list[RequestRecord]:
-        """The requests' records, built as the fast engine builds them (:class:`RequestTableBuilder`)."""
-        table = RequestTableBuilder()
-        for r in self.requests:
-            table.add(
-                r.request_id, r.arrival_time, r.prompt_tokens, r.output_tokens, token_runs(r.token_steps),
-                r.scheduled_steps, r.preempted_steps, r.prefix_hit_tokens, r.queried_tokens, r.error,
-            )  # fmt: skip
-        requests = table.build()
+        """The requests' records, built as the fast engine builds them (:func:`course.sim.results.request_table`)."""
+        requests = request_table(
+            (r.request_id, r.arrival_time, r.prompt_tokens, r.output_tokens, token_runs(r.token_steps),
+             r.scheduled_steps, r.preempted_steps, r.prefix_hit_tokens, r.queried_tokens, r.error)
+            for r in self.requests
+        )  # fmt: skip
         return [requests.record(i, steps) for i in range(len(requests))]
 
 

@@ -169,7 +169,9 @@ def _reject_impossible(requests: list[_FastRequest], config: SimConfig) -> None:
 
 def _table(requests: list[_FastRequest]) -> RequestTable:
     """The requests' results as columns, made as the readable harness makes them (one builder)."""
-    for r in requests:  # close the open run of token steps (in place: a million requests' copies are 0.1 GB)
+    # Close each open run of token steps in place: copying the lists instead holds 0.1 GB more at a million
+    # requests (peak RSS 1.68 against 1.57 GiB) for 14 M instructions fewer at 10,000 (callgrind, 0.5 %).
+    for r in requests:
         if r.run_start >= 0:
             r.runs += (r.run_start, r.last_step)
     return request_table(

@@ -42,6 +42,7 @@ class Peer:
 
     name: str
     command: list[str]
+    model_name: str = "tiny"  # what clients send as ``model``
     process: subprocess.Popen | None = None
     port: int = 0
     start_seconds: float = 0.0
@@ -96,7 +97,8 @@ def commands(model_dir: Path, include_transformers: bool) -> list[Peer]:
                     "--cb-max-batch-tokens",
                     "2048",
                 ],
-            )  # fmt: skip
+                model_name=str(model_dir),  # it serves the folder under its path and refuses other names
+            )
         )
     return peers
 
@@ -167,7 +169,7 @@ def bench(peer: Peer, concurrency: int, args: argparse.Namespace) -> dict:
     """One `course bench` run against ``peer`` (the same client and payload for every server)."""
     import json
 
-    command = [str(BIN / "course"), "bench", "--base-url", peer.url, "--model", "tiny", "--concurrency",
+    command = [str(BIN / "course"), "bench", "--base-url", peer.url, "--model", peer.model_name, "--concurrency",
                str(concurrency), "--num-requests", str(max(8, args.requests_per_worker * concurrency)),
                "--prompt-tokens", str(args.prompt_tokens), "--output-tokens", str(args.output_tokens),
                "--no-ignore-eos", "--warmup", "2", "--no-progress", "--json"]  # fmt: skip

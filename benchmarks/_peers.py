@@ -49,6 +49,7 @@ class Peer:
     runs: dict[int, list[dict]] = field(default_factory=dict)  # concurrency -> course bench summaries
     cpu_per_token: dict[int, list[float]] = field(default_factory=dict)  # concurrency -> s per output token
     memory_bytes: float = 0.0
+    failure: str = ""  # why this server was dropped from the comparison ("" while it answers)
 
     @property
     def url(self) -> str:
@@ -187,8 +188,15 @@ def measure(peers: list[Peer], args: argparse.Namespace) -> None:
         for concurrency in args.concurrency:
             shift = round_index % len(peers)
             for peer in peers[shift:] + peers[:shift]:
+                if peer.failure:
+                    continue
                 cpu_before = tree_cpu_seconds(peer.process.pid)
-                run = bench(peer, concurrency, args)
+                try:
+                    run = bench(peer, concurrency, args)
+                except RuntimeError as err:  # one server's failure leaves the others' figures standing
+                    peer.failure = str(err)
+                    print(f"  {peer.name}: dropped from the comparison: {err}", flush=True)
+                    continue
                 cpu = tree_cpu_seconds(peer.process.pid) - cpu_before
                 peer.runs.setdefault(concurrency, []).append(run)
                 tokens = run["output_tokens"] + 2 * args.output_tokens  # the warm-up requests are served too

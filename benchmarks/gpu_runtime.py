@@ -27,8 +27,8 @@ quick sweeps (figures that mean nothing; the point is that the script and its JS
 static-cache step run eagerly and checked against the dynamic cache; the CUDA-graph part reports
 why it did not run. The lab's figures come from the run recorded with vLLM's CPU build that ships with
 the course, through the same code. It executes no notebook and starts no server. CI runs it
-(tests/test_gpu_runtime.py). docs/maintainers.md ("Running the course on a GPU machine") gives the one command a machine without Jupyter
-runs, with the wheels to carry.
+(tests/test_gpu_runtime.py). docs/maintainers.md ("Running the course on a GPU machine") gives the one
+command a machine without Jupyter runs, with the wheels to carry.
 """
 
 from __future__ import annotations

@@ -78,30 +78,17 @@ def commands(model_dir: Path, include_transformers: bool) -> list[Peer]:
             "--max-model-len", str(MAX_MODEL_LEN), "--served-model-name", "tiny", "--max-num-seqs", "64"]  # fmt: skip
     peers = [Peer(COURSE_NAME, course), Peer(VLLM_NAME, vllm)]
     if include_transformers:
-        transformers_cli = shutil.which("transformers", path=str(BIN)) or "transformers"
-        peers.append(
-            Peer(
-                TRANSFORMERS_NAME,
-                [
-                    transformers_cli,
-                    "serve",
-                    str(model_dir),
-                    "--host",
-                    "127.0.0.1",
-                    "--device",
-                    "cpu",
-                    "--continuous-batching",
-                    "--cb-num-blocks",
-                    "1024",
-                    "--cb-block-size",
-                    "32",
-                    "--cb-max-batch-tokens",
-                    "2048",
-                ],
-                model_name=str(model_dir),  # it serves the folder under its path and refuses other names
-            )
-        )
+        peers.append(Peer(TRANSFORMERS_NAME, transformers_serve_command(model_dir), model_name=str(model_dir)))
     return peers
+
+
+def transformers_serve_command(model_dir: Path) -> list[str]:
+    """`transformers serve --continuous-batching` on ``model_dir`` (add ``--port``), its KV cache capped as
+    the serving benchmark caps it; it serves the folder under its path and refuses other model names."""
+    transformers_cli = shutil.which("transformers", path=str(BIN)) or "transformers"
+    return [transformers_cli, "serve", str(model_dir), "--host", "127.0.0.1", "--device", "cpu",
+            "--continuous-batching", "--cb-num-blocks", "1024", "--cb-block-size", "32",
+            "--cb-max-batch-tokens", "2048"]  # fmt: skip
 
 
 def transformers_missing() -> str | None:

@@ -402,24 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         port = free_port()
-        command = [
-            transformers_cli,
-            "serve",
-            str(tiny),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--continuous-batching",
-            "--cb-num-blocks",
-            "1024",
-            "--cb-block-size",
-            "32",
-            "--cb-max-batch-tokens",
-            "2048",
-        ]
+        from _peers import transformers_serve_command
+
+        command = [*transformers_serve_command(tiny), "--port", str(port)]
         servers["transformers serve --continuous-batching"] = run_server(
             "transformers serve --continuous-batching", command, str(tiny), args, port
         )

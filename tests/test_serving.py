@@ -12,10 +12,10 @@ import pytest
 from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
 from course.metrics import summarize
-from course.serving.background import BackgroundServer, run_sync
+from course.serving.api.background import BackgroundServer, run_sync
+from course.serving.api.server import create_app
 from course.serving.client import PromptBuilder, run_load, stream_request
 from course.serving.engine import Engine
-from course.serving.server import create_app
 from course.serving.testing import chatty_tiny_model, failing_decode, greedy_reference, sse_json
 from course.trace import load_traces
 from course.workload import all_at_once, from_traces, poisson

@@ -13,10 +13,10 @@ import httpx
 import pytest
 from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
-from course.serving.background import BackgroundServer, run_sync
+from course.serving.api.background import BackgroundServer, run_sync
+from course.serving.api.server import create_app
 from course.serving.engine import Engine, EngineStopped, SamplingParams
 from course.serving.engine_process import EngineProcess, EngineStartError
-from course.serving.server import create_app
 from course.serving.testing import chatty_tiny_model
 
 

@@ -7,10 +7,10 @@ import httpx
 import torch
 from fastapi import FastAPI
 
-from course.serving.background import BackgroundServer, run_sync
+from course.serving.api.background import BackgroundServer, run_sync
+from course.serving.api.server import create_app
 from course.serving.engine import Engine
 from course.serving.runner import observe_forward
-from course.serving.server import create_app
 from course.serving.testing import chatty_tiny_model
 
 

@@ -19,9 +19,9 @@ import httpx
 import pytest
 from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
-from course.serving.background import BackgroundServer, run_sync
+from course.serving.api.background import BackgroundServer, run_sync
+from course.serving.api.server import create_app
 from course.serving.engine import Engine
-from course.serving.server import create_app
 from course.serving.testing import shared_chatty_model
 
 MODEL = "hostile"

@@ -15,10 +15,10 @@ import torch
 from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 from prometheus_client.parser import text_string_to_metric_families
 
-from course.serving.background import BackgroundServer
+from course.serving.api.background import BackgroundServer
+from course.serving.api.server import create_app
 from course.serving.client import run_load
 from course.serving.engine import Engine
-from course.serving.server import create_app
 from course.serving.testing import greedy_reference, shared_chatty_model, sse_json
 from course.workload import all_at_once
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 from helpers import generate_staggered, one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
-from course.serving.background import BackgroundServer
+from course.serving.api.background import BackgroundServer
+from course.serving.api.server import create_app
 from course.serving.engine import Engine, SamplingParams
 from course.serving.prefix_cache import (
     BLOCK_SIZE,
@@ -21,7 +22,6 @@ from course.serving.prefix_cache import (
     hash_block_tokens,
     none_hash,
 )
-from course.serving.server import create_app
 from course.serving.testing import ForwardLog, chatty_tiny_model, greedy_reference
 from course.vllm_lab import PREFIX_HITS, PREFIX_QUERIES, metric_value, parse_metrics
 
@@ -291,7 +291,7 @@ def test_metrics_count_queried_and_hit_tokens_under_vllms_names(lm64):
 def test_serve_flags_turn_prefix_caching_off_or_size_it():
     import argparse
 
-    from course.serving.cli import add_serve_arguments
+    from course.serving.api.cli import add_serve_arguments
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)

@@ -12,10 +12,10 @@ import torch
 from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
 from course.models import build_tiny_model
-from course.serving.background import BackgroundServer, run_sync
+from course.serving.api.background import BackgroundServer, run_sync
+from course.serving.api.server import create_app
 from course.serving.engine import Engine
 from course.serving.sampler import MIN_TEMPERATURE, SamplingParams
-from course.serving.server import create_app
 from course.serving.testing import greedy_reference, shared_chatty_model
 
 PROMPT = [9, 10, 11, 12]

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from helpers import wait_until_healthy
 
-from course.serving.background import run_sync
+from course.serving.api.background import run_sync
 
 
 def _free_port() -> int:

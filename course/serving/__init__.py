@@ -7,10 +7,10 @@
   ``runner`` (one forward pass: a lean Llama-family runner, or the ``transformers`` model's own).
 * :mod:`course.serving.engine_process`: ``EngineProcess``, the same engine in a child process
   (vLLM V1's engine core), which ``course serve`` uses by default.
-* :mod:`course.serving.server`: ``create_app()``, the FastAPI server (completions, chat,
+* :mod:`course.serving.api.server`: ``create_app()``, the FastAPI server (completions, chat,
   models, health, Prometheus metrics) with vLLM's SSE framing, 400 errors and abort on disconnect;
-  :mod:`course.serving.protocol` validates requests and formats responses.
-* :mod:`course.serving.background`: ``BackgroundServer`` (uvicorn in a thread, any free port)
+  :mod:`course.serving.api.protocol` validates requests and formats responses.
+* :mod:`course.serving.api.background`: ``BackgroundServer`` (uvicorn in a thread, any free port)
   and ``run_sync`` for notebooks and tests.
 * :mod:`course.serving.client`: a load client for any OpenAI-compatible server that writes
   :class:`~course.trace.RequestTrace` records (``course bench``).

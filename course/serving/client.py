@@ -375,6 +375,6 @@ def run_load(base_url: str, workload: Workload | Sequence[RequestSpec], **option
 
     Works in scripts and notebook cells alike (it runs its own event loop on a helper thread).
     """
-    from course.serving.background import run_sync
+    from course.serving.api.background import run_sync
 
     return run_sync(run_load_async(base_url, workload, **options))

@@ -2,7 +2,7 @@
 
 :class:`~course.serving.engine.Engine` steps on a thread of the server's process;
 :class:`~course.serving.engine_process.EngineProcess` steps in a process of its own and answers the
-same calls from its side of the pipe. The server (:mod:`course.serving.server`) is typed against
+same calls from its side of the pipe. The server (:mod:`course.serving.api.server`) is typed against
 :class:`EngineClient` and never asks which one it has, as vLLM's API server is typed against its
 ``EngineClient`` protocol (``vllm/engine/protocol.py``) whatever runs the engine core.
 """

@@ -15,8 +15,8 @@ import json
 import os
 import sys
 
+from course.serving.api.protocol import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_REQUEST_BYTES  # light: no FastAPI
 from course.serving.prefix_cache import DEFAULT_CAPACITY_BYTES as DEFAULT_PREFIX_CACHE_BYTES  # light: no torch
-from course.serving.protocol import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_REQUEST_BYTES  # light: no FastAPI
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -138,9 +138,9 @@ def serve(args: argparse.Namespace) -> int:
 
     from course.env import QUIET_ENV
     from course.models import PROSE_NAME, TINY_NAME, ModelUnavailable, load_model
-    from course.serving.background import ConnectionLimits, uvicorn_config, uvicorn_server
+    from course.serving.api.background import ConnectionLimits, uvicorn_config, uvicorn_server
+    from course.serving.api.server import access_logger, create_app
     from course.serving.engine_process import EngineStartError
-    from course.serving.server import access_logger, create_app
 
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)

@@ -2,8 +2,8 @@
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streaming and not),
 ``GET /v1/models`` and ``GET /v1/models/{id}``, ``GET /health`` (with the engine's counters) and
-``GET /metrics`` (Prometheus, vLLM's metric names: :mod:`course.serving.prometheus`). Wire format,
-errors and disconnect handling follow vLLM 0.11; see :mod:`course.serving.protocol`.
+``GET /metrics`` (Prometheus, vLLM's metric names: :mod:`course.serving.api.prometheus`). Wire format,
+errors and disconnect handling follow vLLM 0.11; see :mod:`course.serving.api.protocol`.
 
 What keeps one request from hurting the others:
 
@@ -47,10 +47,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from course.models import LanguageModel
-from course.serving.detok import IncrementalDetokenizer
-from course.serving.engine import Engine, EngineRequest, EngineStopped
-from course.serving.engine_client import EngineClient
-from course.serving.protocol import (
+from course.serving.api.protocol import (
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_MAX_REQUEST_BYTES,
     DONE_EVENT,
@@ -68,6 +65,9 @@ from course.serving.protocol import (
     parse_json_body,
     sse_event,
 )
+from course.serving.detok import IncrementalDetokenizer
+from course.serving.engine import Engine, EngineRequest, EngineStopped
+from course.serving.engine_client import EngineClient
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 access_logger = logging.getLogger("course.serving.access")
@@ -444,7 +444,7 @@ def create_app(
             (None: the engine's default, off; see :class:`Engine`).
 
     ``app.state.engine`` is the engine; ``app.state.on_server_stop`` holds callbacks that
-    :class:`~course.serving.background.BackgroundServer` and ``course serve`` run when the
+    :class:`~course.serving.api.background.BackgroundServer` and ``course serve`` run when the
     server is told to stop, before uvicorn closes connections.
     """
     if engine is None:
@@ -533,7 +533,7 @@ class OpenAIRoutes:
         max_waiting_requests: int | None = None,
         default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
     ) -> None:
-        from course.serving.prometheus import ServerMetrics
+        from course.serving.api.prometheus import ServerMetrics
 
         self.engine = engine
         self.name = name
@@ -589,7 +589,7 @@ class OpenAIRoutes:
         return {"status": "ok", "model": self.name, **self.engine.stats()}
 
     async def prometheus_metrics(self):
-        from course.serving.prometheus import CONTENT_TYPE
+        from course.serving.api.prometheus import CONTENT_TYPE
 
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 

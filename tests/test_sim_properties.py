@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import reference
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from course import metrics
@@ -134,8 +134,20 @@ def test_v0_with_prefix_caching_does_not_count_a_readmitted_prompt_as_a_decode()
     assert ((run.steps.prefill_tokens == 0) | (run.steps.decode_tokens == 0)).all()
 
 
+# Found by hypothesis: the running request preempts itself while the last step's finished request still
+# holds its blocks (async scheduling), so the step schedules nothing; the fast engine kept the preempted
+# request in its decode fast path and asked for its blocks the next step (a KeyError before the fix).
+SELF_PREEMPTION_IN_AN_EMPTY_PASS = (
+    Workload([RequestSpec(str(i), 0.0, 41, 1, (("system", 40), (f"own {i}", 1))) for i in range(13)]),
+    SimConfig(scheduler="continuous", max_num_seqs=2, chunked_prefill=True, long_prefill_token_threshold=7,
+              long_prefill_token_threshold_adaptive=False, reserve_full_isl=False, block_size=1, num_blocks=76,
+              watermark=0.0, async_scheduling=True),
+)  # fmt: skip
+
+
 @SETTINGS
 @given(workloads(), configs())
+@example(*SELF_PREEMPTION_IN_AN_EMPTY_PASS)
 def test_fast_engine_matches_the_reference_exactly(work, config):
     result = simulate(work, config, COST)
     expected, run = reference_traces(work, config)

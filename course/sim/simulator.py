@@ -311,6 +311,8 @@ class _IterativeRun:
         if self.finishing:  # async: the previous step's output is processed once this one is scheduled
             self._free_finishing()
             if not seqs:  # an empty pass: no step runs, no time passes
+                if slow:  # the exact path may have preempted active requests: rebuild the fast path's lists
+                    self._lazify(self.running)
                 return now, False
         if not seqs:
             raise RuntimeError(

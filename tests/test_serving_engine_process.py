@@ -13,7 +13,9 @@ import httpx
 import pytest
 from helpers import one_torch_thread  # noqa: F401  (autouse: one torch thread in this module)
 
+from course import vllm_release
 from course.serving.api.background import BackgroundServer, run_sync
+from course.serving.api.protocol import longest_token_chars, render_chat
 from course.serving.api.server import create_app
 from course.serving.engine import Engine, EngineStopped, SamplingParams
 from course.serving.engine_process import EngineProcess, EngineStartError
@@ -89,6 +91,34 @@ def test_bad_prompts_are_refused_here_before_the_core_sees_them(lm, core):
     with pytest.raises(ValueError, match="token ids must be in"):
         core.submit([lm.vocab_size], SamplingParams(max_tokens=2))
     assert core.num_unfinished == 0
+
+
+@pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
+def test_a_prompt_longer_than_the_context_gets_the_engines_one_refusal_as_vllms_400(lm, engine_process):
+    """The prompt meets the context once, in the engine's submit (engine_client.checked_prompt), on both
+    engines: the refusal is vLLM's wording, the server sends it as the 400 of either endpoint with the
+    field that holds the prompt, and nothing reaches the engine."""
+    context = 64
+    prompt = lm.random_ids(1, context + 5, seed=0)[0].tolist()
+    words = " hello" * context  # a chat message that renders to more than the context
+    assert len(words) <= 2 * longest_token_chars(lm.tokenizer) * context  # tokenized: not refused by its length
+    chat_tokens = len(render_chat(lm.tokenizer, [("user", words)]))
+    app = create_app(lm, model_name="m", engine_process=engine_process, max_model_len=context, max_batch_size=2)
+    engine = app.state.engine
+    with BackgroundServer(app) as server:
+        with pytest.raises(ValueError) as refused:
+            engine.submit(prompt, SamplingParams(max_tokens=1))
+        assert str(refused.value) == vllm_release.prompt_too_long_error(len(prompt), context)
+        for path, body, param, tokens in (
+            ("completions", {"prompt": prompt, "max_tokens": 1}, "prompt", len(prompt)),
+            ("chat/completions", {"messages": [{"role": "user", "content": words}]}, "messages", chat_tokens),
+        ):
+            response = httpx.post(f"{server.base_url}/{path}", json={"model": "m", **body}, timeout=30)
+            assert response.status_code == 400, response.text
+            message = vllm_release.prompt_too_long_error(tokens, context)
+            expected = {"message": message, "type": "BadRequestError", "param": param, "code": 400}
+            assert response.json()["error"] == expected
+        assert engine.num_unfinished == 0
 
 
 def test_stop_fails_open_requests_with_503_and_refuses_new_ones(lm):

@@ -66,6 +66,7 @@ from typing import Any
 
 from course.models import LanguageModel
 from course.serving.batch_cache import BatchCache
+from course.serving.engine_client import checked_prompt
 from course.serving.prefix_cache import PrefixCache
 from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver, wait_for_tokens
 from course.serving.runner import runner_for
@@ -165,9 +166,13 @@ class Engine:
         Consume the events with ``for`` (plain code, any thread) or ``async for`` (a coroutine).
         """
         prompt_ids = checked_prompt(prompt_ids, params, self.max_model_len, self.lm.vocab_size)
-        request = EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params)
+        return self.add_request(EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params))
+
+    def add_request(self, request: EngineRequest) -> EngineRequest:
+        """Queue a request whose prompt was checked already (:func:`checked_prompt`, in :meth:`submit`
+        or in the :class:`~course.serving.engine_process.EngineProcess` that sent it to this engine)."""
         if self.prefix_cache is not None:  # hashed here, on the caller's thread, not in the engine loop
-            request.block_hashes = self.prefix_cache.hashes(prompt_ids)
+            request.block_hashes = self.prefix_cache.hashes(request.prompt_ids)
         self.scheduler.add(request)
         self._ensure_started()
         return request
@@ -515,22 +520,6 @@ class Engine:
         for request in self.scheduler.drain() + stopped + self._drop(list(range(len(self.batch)))):
             if not request.finished:
                 self._finish(request, reason)
-
-
-def checked_prompt(prompt_ids: Sequence[int], params: SamplingParams, max_model_len: int, vocab_size: int) -> list[int]:
-    """``prompt_ids`` as a list of ints; ValueError if empty, out of the vocabulary, or too long
-    for ``max_model_len`` with ``params.max_tokens`` more."""
-    prompt_ids = [int(t) for t in prompt_ids]
-    if not prompt_ids:
-        raise ValueError("the prompt must contain at least one token")
-    if len(prompt_ids) + params.max_tokens > max_model_len:
-        raise ValueError(
-            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-            f"context of {max_model_len} tokens"
-        )
-    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
-        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
-    return prompt_ids
 
 
 def _prompt_block(layers: list[tuple[Any, Any]], row: int, start: int, size: int, j: int) -> Any:

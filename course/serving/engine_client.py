@@ -5,6 +5,10 @@
 same calls from its side of the pipe. The server (:mod:`course.serving.api.server`) is typed against
 :class:`EngineClient` and never asks which one it has, as vLLM's API server is typed against its
 ``EngineClient`` protocol (``vllm/engine/protocol.py``) whatever runs the engine core.
+
+:func:`checked_prompt` is the one check of a prompt against the model (its context, its vocabulary),
+which both engines' ``submit`` run before a request is queued; the server sends its refusal as the
+400, and the engine core process queues what its :class:`EngineProcess` checked without a second look.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from course import vllm_release
 from course.models import LanguageModel
 from course.serving.request import EngineRequest
 from course.serving.sampler import SamplingParams
@@ -31,8 +36,8 @@ class EngineClient(Protocol):
     max_model_len: int
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> EngineRequest:
-        """Queue a request (its prompt checked against the context and the vocabulary: ValueError
-        otherwise); iterate over the returned request, with ``for`` or ``async for``, for its events."""
+        """Queue a request (its prompt checked by :func:`checked_prompt`: ValueError otherwise); iterate
+        over the returned request, with ``for`` or ``async for``, for its events."""
         ...
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
@@ -67,3 +72,27 @@ class EngineClient(Protocol):
     def stats(self) -> dict[str, Any]:
         """The engine's counters, for ``/health``, ``/metrics``, tests and plots."""
         ...
+
+
+def checked_prompt(prompt_ids: Sequence[int], params: SamplingParams, max_model_len: int, vocab_size: int) -> list[int]:
+    """``prompt_ids`` as a list of ints, or ValueError saying why the engine cannot run it.
+
+    Refused: an empty prompt; a prompt longer than the whole context, in vLLM 0.32's words
+    (:func:`course.vllm_release.prompt_too_long_error`: the server's 400 is this message); a prompt
+    that leaves no room for ``params.max_tokens`` more tokens in ``max_model_len`` (the server never
+    asks for that: it clamps ``max_tokens`` to the room left, as vLLM does); ids outside
+    ``[0, vocab_size)``.
+    """
+    prompt_ids = [int(t) for t in prompt_ids]
+    if not prompt_ids:
+        raise ValueError("the prompt must contain at least one token")
+    if too_long := vllm_release.prompt_too_long_error(len(prompt_ids), max_model_len):
+        raise ValueError(too_long)
+    if len(prompt_ids) + params.max_tokens > max_model_len:
+        raise ValueError(
+            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+            f"context of {max_model_len} tokens"
+        )
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+    return prompt_ids

@@ -45,7 +45,8 @@ from typing import Any, NamedTuple
 import torch.multiprocessing  # noqa: F401  registers torch's pickling of tensors into shared memory
 
 from course.models import LanguageModel
-from course.serving.engine import Engine, checked_prompt
+from course.serving.engine import Engine
+from course.serving.engine_client import checked_prompt
 from course.serving.messages import (
     AbortAll,
     AbortRequest,
@@ -421,9 +422,9 @@ def _apply(engine: Engine, command: Command, collect) -> bool:
     """Carry out one command from the server; True if it was :class:`Shutdown`."""
     match command:
         case AddRequest(request_id, prompt_ids, params):
-            try:
-                engine.submit(prompt_ids, params, request_id=request_id)
-            except (ValueError, EngineStopped) as err:  # checked on the server's side already; never crash the core
+            try:  # checked by EngineProcess.submit already: queued as it is
+                engine.add_request(EngineRequest(request_id, prompt_ids, params))
+            except (ValueError, EngineStopped) as err:  # a request id already running, a stopping engine
                 status = 503 if isinstance(err, EngineStopped) else 500
                 collect([(EngineRequest(request_id, [], params), TokenEvent(None, "error", str(err), status))])
         case AbortRequest(request_id, reason):

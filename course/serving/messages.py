@@ -28,7 +28,7 @@ from course.serving.sampler import SamplingParams
 
 @dataclass(frozen=True, slots=True)
 class AddRequest:
-    """Queue a request (its prompt already checked on the server's side)."""
+    """Queue a request (its prompt checked by ``EngineProcess.submit``: the core queues it as it is)."""
 
     request_id: str
     prompt_ids: list[int]

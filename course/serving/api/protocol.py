@@ -245,7 +245,7 @@ def _common(
     name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     if max_tokens is not None and max_tokens <= 0:
         raise BadRequest(f"'{name}' must be at least 1, got {max_tokens}", name)
-    max_tokens = _output_cap(len(prompt_ids), max_tokens, default_max, ctx.max_model_len, name, kind)
+    max_tokens = _output_cap(len(prompt_ids), max_tokens, default_max, ctx.max_model_len, name)
     stream = _field(body, "stream", (bool,), default=False)
     options = _field(body, "stream_options", (dict,), default={})
     if options and not stream:  # vLLM 0.32: CompletionRequest.validate_stream_options
@@ -306,29 +306,28 @@ def _sampling(body: dict, ctx: ServingContext, kind: str, max_tokens: int, stop_
 
 
 def _output_cap(
-    prompt_tokens: int, max_tokens: int | None, default_max: int | None, max_model_len: int, name: str, kind: str
+    prompt_tokens: int, max_tokens: int | None, default_max: int | None, max_model_len: int, name: str
 ) -> int:
     """The output cap the request runs with, as vLLM 0.32's server decides it (:mod:`course.vllm_release`).
 
-    A prompt longer than the context, or an output cap larger than the whole context, is a 400; any
-    other cap is clamped to the room the prompt leaves (``get_max_tokens``), so a prompt that fills
-    the context exactly leaves none (vLLM then refuses ``max_tokens`` 0).
+    An output cap larger than the whole context is a 400; any other cap is clamped to the room the
+    prompt leaves (``get_max_tokens``), so a prompt that fills the context exactly leaves none (vLLM
+    then refuses ``max_tokens`` 0). A prompt longer than the context is not refused here: the engine
+    checks every prompt where it takes it in (:func:`~course.serving.engine_client.checked_prompt`),
+    and the server sends that refusal, vLLM's words, as the 400.
     """
-    too_long = vllm_release.prompt_too_long_error(prompt_tokens, max_model_len)
-    if too_long:
-        raise BadRequest(too_long, "messages" if kind == "chat" else "prompt")
     if max_tokens is not None and (over := vllm_release.max_tokens_error(max_tokens, max_model_len, name)):
         raise BadRequest(over, name)
     if max_tokens is None and default_max:
         max_tokens = default_max
     cap = vllm_release.clamp_max_tokens(prompt_tokens, max_tokens, max_model_len)
-    if cap < 1:
+    if cap == 0:  # below 0 only for a prompt longer than the context, which the engine refuses
         raise BadRequest(
             f"{name} must be at least 1, got {cap}: the prompt ({prompt_tokens} tokens) fills the context of "
             f"{max_model_len} tokens",
             name,
         )
-    return cap
+    return max(cap, 1)
 
 
 def _logprobs(body: dict, kind: str) -> tuple[int | None, str]:

@@ -178,8 +178,8 @@ class _Generation:
             self.engine_request: EngineRequest = engine.submit(
                 request.prompt_ids, request.sampling, request_id=self.writer.id
             )
-        except ValueError as err:  # validated already; kept so a gap in validation is still a 400
-            raise BadRequest(str(err)) from None
+        except ValueError as err:  # the engine's check of the prompt (checked_prompt): vLLM's 400
+            raise BadRequest(str(err), "messages" if request.kind == "chat" else "prompt") from None
         self.stop_holdback = max((len(stop) for stop in request.stop), default=1) - 1
         self.completion_tokens = 0
         self.emitted = 0  # characters of detok.text sent so far

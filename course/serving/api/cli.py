@@ -139,7 +139,8 @@ def serve(args: argparse.Namespace) -> int:
     from course.env import QUIET_ENV
     from course.models import PROSE_NAME, TINY_NAME, ModelUnavailable, load_model
     from course.serving.api.background import ConnectionLimits, uvicorn_config, uvicorn_server
-    from course.serving.api.server import access_logger, create_app
+    from course.serving.api.operator import access_logger
+    from course.serving.api.server import create_app
     from course.serving.engine_process import EngineStartError
 
     for key, value in QUIET_ENV.items():

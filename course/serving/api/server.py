@@ -7,8 +7,7 @@ errors and disconnect handling follow vLLM 0.11; see :mod:`course.serving.api.pr
 
 What keeps one request from hurting the others:
 
-* the body is read with a size limit (413 past ``max_request_bytes``, refused from the
-  ``Content-Length`` header before anything is read when the client sends one);
+* the body is read with a size limit (413 past ``max_request_bytes``: :mod:`course.serving.api.operator`);
 * JSON parsing, validation, tokenization and chat templating run on one worker thread, not on
   the event loop, so a large prompt cannot stall the other streams or ``/health`` (the Rust
   tokenizer releases the GIL); a prompt with too many characters to fit is refused untokenized;
@@ -21,21 +20,17 @@ frees its rows of the KV cache. Shutdown (SIGTERM, Ctrl-C, ``BackgroundServer.st
 stops the engine: every open stream ends with an error event and ``[DONE]``, every waiting
 non-streaming request gets a 503, and uvicorn then finds no connection left to cancel.
 
-Operator features: ``api_key`` (``Authorization: Bearer``, as vLLM's ``--api-key``, for the
-``/v1`` routes), ``X-Request-Id`` taken from the request or made up, and echoed on the response,
-and one access-log line per request (``access_log=True``, logger ``course.serving.access``).
+Operator features (:mod:`course.serving.api.operator`): ``api_key`` (``Authorization: Bearer``, as
+vLLM's ``--api-key``, for the ``/v1`` routes), ``X-Request-Id`` taken from the request or made up, and
+echoed on the response, and one access-log line per request (``access_log=True``, logger
+``course.serving.access``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import re
-import secrets
 import time
-import unicodedata
-import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -44,9 +39,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
 
 from course.models import LanguageModel
+from course.serving.api.operator import OperatorMiddleware, overload_refusal, read_body
 from course.serving.api.protocol import (
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -70,35 +65,6 @@ from course.serving.engine import Engine, EngineRequest, EngineStopped
 from course.serving.engine_client import EngineClient
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-access_logger = logging.getLogger("course.serving.access")
-logger = logging.getLogger("course.serving.server")
-
-
-class ClientDisconnected(ConnectionError):
-    """The client went away: while its request body was read, or a write to it failed.
-
-    A ``ConnectionError`` (an ``OSError``), so that the stream's writer treats it as the client
-    vanishing. :class:`OperatorMiddleware` logs it as one INFO line; it never reaches uvicorn
-    (whose "Exception in ASGI application" traceback any client could otherwise write at will).
-    """
-
-
-def printable(text: str, limit: int = 2048) -> str:
-    """``text`` safe for one log line: control, format and line/paragraph-separator characters
-    (CR, LF, ESC, C1, bidirectional overrides, ...), backslash and double quote escaped as
-    ``\\xNN`` / ``\\uNNNN`` (nginx's way), and cut at ``limit`` characters."""
-    out = []
-    for char in text[:limit]:
-        code = ord(char)
-        if char in '"\\' or code < 0x20 or code == 0x7F:
-            out.append(f"\\x{code:02X}")
-        elif code > 0x7F and unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
-            out.append(f"\\u{code:04X}" if code <= 0xFFFF else f"\\U{code:08X}")
-        else:
-            out.append(char)
-    if len(text) > limit:
-        out.append(f"...({len(text) - limit} more)")
-    return "".join(out)
 
 
 async def wait_for_disconnect(receive) -> None:
@@ -279,123 +245,6 @@ class _Generation:
         logprobs = None if self.logprobs is None else self.logprobs.whole()
         whole = (self.request.echo or "") + "".join(text)
         return self.writer.full_response(whole, self.finish_reason, self.completion_tokens, logprobs)
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, or BadRequest 413 as soon as it is known to exceed ``limit`` bytes."""
-
-    def too_large(size: str) -> BadRequest:
-        return BadRequest(
-            f"The request body is {size}, over this server's limit of {limit} bytes; send a shorter prompt.",
-            status=413,
-            err_type="RequestTooLargeError",
-        )
-
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large(f"{int(declared)} bytes")
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large(f"more than {limit} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise ClientDisconnected(f"while sending its request body ({size} bytes received)") from None
-    return b"".join(chunks)
-
-
-_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII: safe in a header and a log line
-
-
-class OperatorMiddleware:
-    """Pure ASGI (streams pass through untouched): API key, X-Request-Id, the access log, disconnects.
-
-    Every field of an access-log line that a client chose (the path, the method, the request id)
-    is escaped with :func:`printable`, so that a percent-encoded CR LF or ESC in a path cannot forge
-    log lines or terminal escapes. A client that goes away is logged as one INFO line on
-    ``course.serving.server``; a failed write to it never becomes a traceback.
-    """
-
-    def __init__(self, app, api_key: str | None, access_log: bool) -> None:
-        self.app, self.access_log = app, access_log
-        self.api_key = f"Bearer {api_key}".encode() if api_key else None
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        raw_headers = scope.get("headers") or []
-        headers = dict(raw_headers)
-        given_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128]
-        request_id = given_id if _REQUEST_ID.fullmatch(given_id) else uuid.uuid4().hex
-        state = scope.setdefault("state", {})
-        state["request_id"] = request_id
-        start, status = time.perf_counter(), [0]
-
-        async def send_with_id(message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id.encode())]}
-            try:
-                await send(message)
-            except Exception as err:  # the transport is gone (uvloop: RuntimeError "the handler is closed")
-                raise ClientDisconnected(f"while its response was written ({type(err).__name__}: {err})") from None
-
-        try:
-            authorizations = sum(1 for name, _ in raw_headers if name == b"authorization")
-            refusal = None
-            if authorizations > 1:  # which one counts would be a guess: refuse (RFC 9110 allows one)
-                refusal = (
-                    400,
-                    error_body(
-                        f"The request has {authorizations} Authorization headers; send exactly one.", "BadRequestError"
-                    ),
-                )
-            elif (
-                self.api_key
-                and scope["path"].startswith("/v1")
-                and not _same(headers.get(b"authorization"), self.api_key)
-            ):
-                refusal = (
-                    401,
-                    error_body(
-                        "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
-                        "AuthenticationError",
-                        code=401,
-                    ),
-                )
-            if refusal is not None:
-                await JSONResponse(refusal[1], status_code=refusal[0])(scope, receive, send_with_id)
-            else:
-                await self.app(scope, receive, send_with_id)
-        except (ClientDisconnected, ClientDisconnect) as err:
-            state.setdefault("client_gone", str(err) or "while its request was read")
-        finally:
-            client = scope.get("client") or ("-", 0)
-            line = (printable(str(client[0]), 64), printable(scope["method"], 32), printable(scope["path"]))
-            if "client_gone" in state:
-                logger.info(
-                    '%s "%s %s" request_id=%s: the client went away %s',
-                    *line,
-                    request_id,
-                    printable(state["client_gone"], 200),
-                )
-            if self.access_log:
-                prompt, completion = state.get("usage", ("-", "-"))
-                access_logger.info(
-                    '%s "%s %s" %s %.1f ms request_id=%s prompt_tokens=%s completion_tokens=%s',
-                    *line,
-                    status[0] or "-",
-                    1e3 * (time.perf_counter() - start),
-                    request_id,
-                    prompt,
-                    completion,
-                )
-
-
-def _same(given: bytes | None, expected: bytes) -> bool:
-    return given is not None and secrets.compare_digest(given, expected)
 
 
 def create_app(
@@ -605,24 +454,11 @@ class OpenAIRoutes:
     def _parse(self, raw: bytes, parse) -> GenerationRequest:
         return parse(parse_json_body(raw), self.context)
 
-    def _overloaded(self) -> JSONResponse | None:
-        """503 with ``Retry-After`` when ``max_waiting_requests`` requests already wait (None: room)."""
-        waiting = self.engine.num_waiting
-        if self.max_waiting_requests is None or waiting < self.max_waiting_requests:
-            return None
-        body = error_body(
-            f"The server is overloaded: {waiting} requests are waiting already (the limit is "
-            f"{self.max_waiting_requests}). Retry later.",
-            "ServiceUnavailableError",
-            code=503,
-        )
-        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
-
     async def _generate(self, request: Request, parse) -> Any:
         raw = await read_body(request, self.max_request_bytes)
         loop = asyncio.get_running_loop()
         generation_request = await loop.run_in_executor(self.tokenizer_thread, self._parse, raw, parse)
-        if (refusal := self._overloaded()) is not None:
+        if (refusal := overload_refusal(self.engine.num_waiting, self.max_waiting_requests)) is not None:
             return refusal
         generation = _Generation(
             self.engine, generation_request, self.engine.lm.tokenizer, self.metrics, request.scope.get("state")

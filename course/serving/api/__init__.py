@@ -9,7 +9,8 @@
   ``X-Request-Id``, the access log, the request-size and waiting-queue limits;
 * :mod:`course.serving.api.prometheus`: ``/metrics`` under vLLM's metric names;
 * :mod:`course.serving.api.background`: ``BackgroundServer`` (uvicorn in a thread, any free port),
-  ``run_sync``, and the limits every client connection is held to;
+  ``run_sync``, and the limits every client connection is held to, which the HTTP protocol of
+  :mod:`course.serving.api.http_limits` enforces;
 * :mod:`course.serving.api.cli`: ``course serve`` and ``course bench``.
 
 The engine never imports from here: the dependency runs one way, front end to engine.

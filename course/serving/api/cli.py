@@ -15,11 +15,24 @@ import json
 import os
 import sys
 
+from course.serving.api.background import ConnectionLimits  # light: no uvicorn
 from course.serving.api.protocol import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_REQUEST_BYTES  # light: no FastAPI
 from course.serving.prefix_cache import DEFAULT_CAPACITY_BYTES as DEFAULT_PREFIX_CACHE_BYTES  # light: no torch
 
+_LIMITS = ConnectionLimits()  # the defaults of --max-header-bytes and the timeouts
+
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """``course serve``'s options, in the order ``--help`` lists them."""
+    _add_address_and_model_arguments(parser)
+    _add_engine_arguments(parser)
+    _add_deployment_arguments(parser)
+    _add_limit_arguments(parser)
+    parser.set_defaults(run=serve)
+
+
+def _add_address_and_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the server listens, and the model it serves under which name."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     parser.add_argument(
@@ -36,6 +49,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="if --model cannot be loaded, serve the offline stand-in (under its own name) instead of failing",
     )
     parser.add_argument("--served-model-name", default=None, help="the id clients send as 'model'")
+
+
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine: batch, context, token budget, prefix cache, runner, device and threads."""
     parser.add_argument("--max-batch-size", type=int, default=64, help="requests decoded together (1 = one at a time)")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + output tokens)")
     parser.add_argument(
@@ -71,6 +88,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the GPU if there is one)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
+
+
+def _add_deployment_arguments(parser: argparse.ArgumentParser) -> None:
+    """The operator's choices: logging, the API key, the waiting-queue limit, where the engine core runs."""
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     parser.add_argument(
         "--api-key",
@@ -92,6 +113,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "vLLM V1, so serving work overlaps the decode step on a second core; thread: on a thread "
         "of the server's process (one process; with one core nothing overlaps, so it gains nothing there)",
     )
+
+
+def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """What one request or connection may cost: body size, headers, timeouts, a chat's default output."""
     parser.add_argument(
         "--max-request-bytes",
         type=int,
@@ -101,26 +126,30 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-header-bytes",
         type=int,
-        default=64 * 1024,
-        help="request line + headers larger than this get 431 and the connection is closed (default 64 KiB)",
+        default=_LIMITS.max_header_bytes,
+        help="request line + headers larger than this get 431 and the connection is closed "
+        f"(default {_LIMITS.max_header_bytes // 1024} KiB)",
     )
     parser.add_argument(
         "--header-timeout",
         type=float,
-        default=20.0,
-        help="seconds for a request line and headers to arrive, else 408 and close (default 20)",
+        default=_LIMITS.header_timeout,
+        help="seconds for a request line and headers to arrive, else 408 and close "
+        f"(default {_LIMITS.header_timeout:g})",
     )
     parser.add_argument(
         "--body-timeout",
         type=float,
-        default=20.0,
-        help="seconds without a byte of an unfinished request body, else 408 and close (default 20)",
+        default=_LIMITS.body_timeout,
+        help="seconds without a byte of an unfinished request body, else 408 and close "
+        f"(default {_LIMITS.body_timeout:g})",
     )
     parser.add_argument(
         "--timeout-keep-alive",
         type=float,
-        default=5.0,
-        help="close idle keep-alive connections after this many seconds (default 5, uvicorn's)",
+        default=_LIMITS.keep_alive_timeout,
+        help=f"close idle keep-alive connections after this many seconds (default {_LIMITS.keep_alive_timeout:g}, "
+        "uvicorn's)",
     )
     parser.add_argument(
         "--default-max-tokens",
@@ -128,19 +157,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_CHAT_MAX_TOKENS,
         help=f"max_tokens of a chat request that sends none (default {DEFAULT_CHAT_MAX_TOKENS}; 0 = up to the context)",
     )
-    parser.set_defaults(run=serve)
 
 
 def serve(args: argparse.Namespace) -> int:
-    import logging
-
+    """Run the reference server until SIGTERM or Ctrl-C; 1 if the model or the engine cannot start."""
     import torch
 
     from course.env import QUIET_ENV
-    from course.models import PROSE_NAME, TINY_NAME, ModelUnavailable, load_model
-    from course.serving.api.background import ConnectionLimits, uvicorn_config, uvicorn_server
-    from course.serving.api.operator import access_logger
-    from course.serving.api.server import create_app
+    from course.models import ModelUnavailable
+    from course.serving.api.background import uvicorn_server
     from course.serving.engine_process import EngineStartError
 
     for key, value in QUIET_ENV.items():
@@ -150,51 +175,78 @@ def serve(args: argparse.Namespace) -> int:
     if args.prefix_cache_gib < 0:
         print(f"course serve: error: --prefix-cache-gib must be >= 0, got {args.prefix_cache_gib:g}", file=sys.stderr)
         return 2
-    name = {"tiny": TINY_NAME, "prose": PROSE_NAME}.get(args.model, args.model)
     try:
-        lm = load_model(
-            name,
-            device=args.device,
-            seed=args.seed,
-            allow_hub=None if name is None else True,
-            fallback=True if args.allow_fallback else None,
-        )
-    except ModelUnavailable as err:
-        print(f"course serve: error: {err}", file=sys.stderr)
-        return 1
-    aliases = ()  # a stand-in is served under its own name only: never as the model that was asked for
-    try:
-        app = create_app(
-            lm,
-            model_name=args.served_model_name or lm.name,
-            aliases=aliases,
-            max_batch_size=args.max_batch_size,
-            max_model_len=args.max_model_len,
-            max_prefill_tokens=args.max_prefill_tokens,
-            max_request_bytes=args.max_request_bytes,
-            max_waiting_requests=args.max_waiting_requests,
-            default_max_tokens=args.default_max_tokens or None,
-            api_key=args.api_key,
-            access_log=args.access_log,
-            runner=args.runner,
-            engine_process=args.engine_core == "process",
-            prefix_cache_bytes=int(args.prefix_cache_gib * 2**30) if args.enable_prefix_caching else 0,
-        )
-    except EngineStartError as err:
+        app = _build_app(args, _load_model(args))
+    except (ModelUnavailable, EngineStartError) as err:
         print(f"course serve: error: {err}", file=sys.stderr)
         return 1
     if args.access_log:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-        access_logger.addHandler(handler)
-        access_logger.setLevel(logging.INFO)
+        _print_access_log()
+    server = uvicorn_server(_uvicorn_config(args, app))  # stops the engine first on SIGTERM / Ctrl-C
+    _announce(args, app)
+    server.run()
+    return 0
+
+
+def _load_model(args: argparse.Namespace):
+    """The model ``--model`` names (``tiny`` and ``prose``: the offline ones); ModelUnavailable otherwise."""
+    from course.models import PROSE_NAME, TINY_NAME, load_model
+
+    name = {"tiny": TINY_NAME, "prose": PROSE_NAME}.get(args.model, args.model)
+    return load_model(
+        name,
+        device=args.device,
+        seed=args.seed,
+        allow_hub=None if name is None else True,
+        fallback=True if args.allow_fallback else None,
+    )
+
+
+def _build_app(args: argparse.Namespace, lm):
+    """The reference server's app over ``lm`` with the engine and the operator features the options ask for."""
+    from course.serving.api.server import create_app
+
+    return create_app(
+        lm,
+        model_name=args.served_model_name or lm.name,
+        aliases=(),  # a stand-in is served under its own name only: never as the model that was asked for
+        max_batch_size=args.max_batch_size,
+        max_model_len=args.max_model_len,
+        max_prefill_tokens=args.max_prefill_tokens,
+        max_request_bytes=args.max_request_bytes,
+        max_waiting_requests=args.max_waiting_requests,
+        default_max_tokens=args.default_max_tokens or None,
+        api_key=args.api_key,
+        access_log=args.access_log,
+        runner=args.runner,
+        engine_process=args.engine_core == "process",
+        prefix_cache_bytes=int(args.prefix_cache_gib * 2**30) if args.enable_prefix_caching else 0,
+    )
+
+
+def _print_access_log() -> None:
+    """Send the access log's lines (logger ``course.serving.access``) to stderr, with their time."""
+    import logging
+
+    from course.serving.api.operator import access_logger
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    access_logger.addHandler(handler)
+    access_logger.setLevel(logging.INFO)
+
+
+def _uvicorn_config(args: argparse.Namespace, app):
+    """uvicorn's configuration: the address, the log level, and each connection's limits."""
+    from course.serving.api.background import uvicorn_config
+
     limits = ConnectionLimits(
         max_header_bytes=args.max_header_bytes,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         keep_alive_timeout=args.timeout_keep_alive,
     )
-    config = uvicorn_config(
+    return uvicorn_config(
         app,
         limits,
         host=args.host,
@@ -203,7 +255,12 @@ def serve(args: argparse.Namespace) -> int:
         access_log=False,
         timeout_graceful_shutdown=5,
     )
-    server = uvicorn_server(config)  # stops the engine first on SIGTERM / Ctrl-C: requests end cleanly
+
+
+def _announce(args: argparse.Namespace, app) -> None:
+    """The line that says what is served where, and how."""
+    import torch
+
     engine = app.state.engine
     print(
         f"serving {app.state.model_name} on http://{args.host}:{args.port}/v1 (max batch {engine.max_batch_size}, "
@@ -213,8 +270,6 @@ def serve(args: argparse.Namespace) -> int:
         "Ctrl-C stops",
         flush=True,
     )
-    server.run()
-    return 0
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,11 +7,16 @@
   ``runner`` (one forward pass: a lean Llama-family runner, or the ``transformers`` model's own).
 * :mod:`course.serving.engine_process`: ``EngineProcess``, the same engine in a child process
   (vLLM V1's engine core), which ``course serve`` uses by default.
-* :mod:`course.serving.api.server`: ``create_app()``, the FastAPI server (completions, chat,
-  models, health, Prometheus metrics) with vLLM's SSE framing, 400 errors and abort on disconnect;
-  :mod:`course.serving.api.protocol` validates requests and formats responses.
-* :mod:`course.serving.api.background`: ``BackgroundServer`` (uvicorn in a thread, any free port)
-  and ``run_sync`` for notebooks and tests.
+* :mod:`course.serving.engine_client`: ``EngineClient``, what the server needs from an engine (both
+  engines implement it), and ``checked_prompt``, the one check of a prompt, which both run in ``submit``;
+  :mod:`course.serving.messages`: the typed messages between the server and the engine core process.
+* :mod:`course.serving.api`: the OpenAI-compatible front end and its operator features (vLLM's
+  ``vllm/entrypoints/openai/``), which the engine files never import: ``api.server`` (``create_app()``, the
+  FastAPI server: completions, chat, models, health, Prometheus metrics, with vLLM's SSE framing, 400
+  errors and abort on disconnect), ``api.protocol`` (validates requests, formats responses),
+  ``api.operator`` (API key, request ids, access log, limits), ``api.prometheus``, ``api.background``
+  (``BackgroundServer``: uvicorn in a thread, any free port; ``run_sync`` for notebooks and tests) and
+  ``api.cli`` (``course serve``, ``course bench``).
 * :mod:`course.serving.client`: a load client for any OpenAI-compatible server that writes
   :class:`~course.trace.RequestTrace` records (``course bench``).
 
@@ -26,9 +31,9 @@ _EXPORTS = {
     "Engine": "engine",
     "EngineProcess": "engine_process",
     "SamplingParams": "sampler",
-    "create_app": "server",
-    "BackgroundServer": "background",
-    "run_sync": "background",
+    "create_app": "api.server",
+    "BackgroundServer": "api.background",
+    "run_sync": "api.background",
     "IncrementalDetokenizer": "detok",
     "PromptBuilder": "client",
     "run_load": "client",

@@ -164,6 +164,7 @@ class Engine:
         """Queue a request; iterate over the returned request to receive its tokens.
 
         Consume the events with ``for`` (plain code, any thread) or ``async for`` (a coroutine).
+        ValueError (:func:`~course.serving.engine_client.checked_prompt`) for a prompt this engine cannot run.
         """
         prompt_ids = checked_prompt(prompt_ids, params, self.max_model_len, self.lm.vocab_size)
         return self.add_request(EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params))

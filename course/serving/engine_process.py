@@ -161,7 +161,11 @@ class EngineProcess:
     # --- the interface of Engine that the server uses -------------------------------------------
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> EngineRequest:
-        """Queue a request in the core; iterate over the returned request to receive its tokens."""
+        """Queue a request in the core; iterate over the returned request to receive its tokens.
+
+        The prompt is checked here (:func:`~course.serving.engine_client.checked_prompt`: ValueError), once:
+        the core queues what it receives as it is.
+        """
         prompt_ids = checked_prompt(prompt_ids, params, self.max_model_len, self.lm.vocab_size)
         request = EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params)
         with self._lock:

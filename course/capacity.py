@@ -22,6 +22,7 @@ replicas and the price; the graded tests forbid calling this module.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import statistics
@@ -304,8 +305,11 @@ def decode_sample(traces: Sequence[RequestTrace], batch: int, context: int, outp
     ``seconds`` is the median over requests of the mean gap there (a request's TPOT over its second
     half; unlike a single gap it does not shrink when a busy client reads chunks in bursts), at
     ``context + 3/4 output`` cached tokens per request on average; ``deviations`` are those gaps
-    minus their mean (one per step), for the cost's step-time spread.
+    minus their mean (one per step), for the cost's step-time spread, leaving out every gap in which
+    another request got its first token: that gap holds a prefill step, which a simulation schedules
+    and times itself, so counting it in the decode steps' spread would count it twice.
     """
+    first_tokens = sorted(t.chunk_times[0] for t in traces if t.succeeded and t.chunk_times)
     steady, gaps = [], []
     for t in traces:
         if not t.succeeded or len(t.chunk_times) < 3:
@@ -315,17 +319,24 @@ def decode_sample(traces: Sequence[RequestTrace], batch: int, context: int, outp
         times = t.chunk_times[half:]
         if tokens > 0 and len(times) > 1:
             steady.append((times[-1] - times[0]) / tokens)
-            gaps += [later - earlier for earlier, later in zip(times, times[1:])]
+            gaps += [later - earlier for earlier, later in zip(times, times[1:])
+                     if not _holds_a_first_token(first_tokens, earlier, later)]  # fmt: skip
     if not steady:
         raise ValueError(
             f"decode calibration (batch {batch}, context {context}): no request streamed 3 chunks or more; "
             f"ask for more output tokens than {output}"
         )
-    mean = statistics.fmean(gaps)
+    mean = statistics.fmean(gaps) if gaps else 0.0
     return CalibrationSample(
         0, batch, batch * (context + (3 * output) // 4), statistics.median(steady), Spread.of(steady),
         deviations=tuple(g - mean for g in gaps),
     )  # fmt: skip
+
+
+def _holds_a_first_token(first_tokens: Sequence[float], earlier: float, later: float) -> bool:
+    """Whether a request's first token (sorted times, s) came in the gap (``earlier``, ``later``]."""
+    index = bisect.bisect_right(first_tokens, earlier)
+    return index < len(first_tokens) and first_tokens[index] <= later
 
 
 def calibration_samples(

@@ -185,3 +185,16 @@ def test_calibration_samples_against_the_reference_server_fit_a_cost():
 def test_calibration_reports_failed_requests():
     with pytest.raises(RuntimeError, match="cannot reach a server at http://127.0.0.1:9"):
         capacity.calibration_samples("http://127.0.0.1:9", prefill_lengths=(8,), repeats=1)
+
+
+def test_decode_sample_leaves_the_gaps_that_hold_a_prefill_out_of_the_spread():
+    # Two requests decode every 4 ms; a third one's first token (after its 20 ms prefill step) lands
+    # inside one gap of each: that 24 ms gap is a prefill the simulator times itself, not decode jitter.
+    decoding = [0.004 * k + (0.020 if k > 15 else 0.0) for k in range(1, 21)]
+    newcomer = [0.083 + 0.004 * k for k in range(8)]
+    traces = [RequestTrace(rid, 0.0, times, [1] * len(times)) for rid, times in
+              (("a", decoding), ("b", decoding), ("c", newcomer))]  # fmt: skip
+    sample = capacity.decode_sample(traces, batch=2, context=10, output=20)
+    assert len(sample.deviations) == 2 * 8 + 3  # 9 gaps each in a's and b's second half, one left out; c's 3
+    assert max(sample.deviations) - min(sample.deviations) == pytest.approx(0.0, abs=1e-9)
+    assert sample.seconds > 0.0045  # the step time itself still includes it (the mean gap of the wave)

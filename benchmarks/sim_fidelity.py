@@ -7,7 +7,7 @@
    a folder, one OpenMP thread on core 0, prefix caching off (every calibration prompt is new to it).
 2. **Calibration** from separate microbenchmarks, each a small controlled ``course bench`` run:
    prefill: one request at a time with prompts of 16..512 tokens and 2 output tokens (median TTFT);
-   decode: closed-loop waves of 1, 4 and 16 requests with 32- and 256-token prompts (median TPOT over
+   decode: closed-loop waves of 1, 2, 4 and 16 requests with 32- and 256-token prompts (median TPOT over
    each request's second half, i.e. the step time at that batch and context, once the wave's prompts
    are all prefilled). ``course.capacity.prefill_sample`` and ``decode_sample`` turn the traces into
    step samples, the method of module 5's ``course.capacity.calibration_samples``, and
@@ -31,7 +31,7 @@
    prefill and the rest of its TTFT, its ITL inside the server) and which part the simulator misses.
 
     .venv/bin/python benchmarks/sim_fidelity.py [--engine course|vllm] [--rate R | --load 0.7] [--requests 150]
-                                                [--keep DIR] [--dry-run]
+                                                [--keep DIR] [--replay DIR] [--dry-run]
 
 Timings on a shared machine are noisy; run it on a quiet one for the figures in benchmarks/RESULTS.md. The
 load average is printed at the start and the end: above 1 per core, other programs shared the cores and
@@ -67,7 +67,7 @@ VLLM_START_TIMEOUT_S = 600  # torch.compile on a busy 2-core machine
 VLLM_MAX_MODEL_LEN = 1024
 PREFILL_LENGTHS = (16, 64, 128, 256, 512)
 DECODE_CONTEXTS = (32, 256)
-DECODE_BATCHES = (1, 4, 16)
+DECODE_BATCHES = (1, 2, 4, 16)  # 2: where a Poisson run at 5 req/s decodes (mean batch 2-2.5)
 DECODE_OUTPUT = 64
 
 
@@ -107,20 +107,40 @@ def bench(port: int, out: Path, *options: str) -> list:
     return traces
 
 
+def prefill_file(work: Path, prompt: int) -> Path:
+    return work / f"prefill_{prompt}.json"
+
+
+def decode_file(work: Path, context: int, batch: int) -> Path:
+    return work / f"decode_{context}_{batch}.json"
+
+
 def calibrate(port: int, work: Path) -> list[StepSample]:
     """Step-time samples from small controlled runs (none of them is the run to predict)."""
     work.mkdir(parents=True, exist_ok=True)
+    for prompt in PREFILL_LENGTHS:
+        bench(port, prefill_file(work, prompt), "--concurrency", "1", "--num-requests", "8",
+              "--prompt-tokens", str(prompt), "--output-tokens", "2", "--seed", "101")  # fmt: skip
+    for context in DECODE_CONTEXTS:
+        for batch in DECODE_BATCHES:
+            bench(port, decode_file(work, context, batch), "--concurrency", str(batch),
+                  "--num-requests", str(max(2 * batch, 6)), "--prompt-tokens", str(context),
+                  "--output-tokens", str(DECODE_OUTPUT), "--seed", "202")  # fmt: skip
+    return read_calibration(work)
+
+
+def read_calibration(work: Path) -> list[StepSample]:
+    """The step samples of one calibration round's trace files (written by :func:`calibrate`)."""
     samples = []
     for prompt in PREFILL_LENGTHS:
-        traces = bench(port, work / f"prefill_{prompt}.json", "--concurrency", "1", "--num-requests", "8",
-                       "--prompt-tokens", str(prompt), "--output-tokens", "2", "--seed", "101")  # fmt: skip
-        samples.append(prefill_sample(traces, prompt))
+        samples.append(prefill_sample(load_traces(prefill_file(work, prompt)), prompt))
         print(f"  prefill {prompt:4d} tokens: median TTFT {samples[-1].seconds * 1e3:7.2f} ms", flush=True)
     for context in DECODE_CONTEXTS:
         for batch in DECODE_BATCHES:
-            traces = bench(port, work / f"decode_{context}_{batch}.json", "--concurrency", str(batch),
-                           "--num-requests", str(max(2 * batch, 6)), "--prompt-tokens", str(context),
-                           "--output-tokens", str(DECODE_OUTPUT), "--seed", "202")  # fmt: skip
+            if not decode_file(work, context, batch).exists():  # a folder kept before this batch was calibrated
+                print(f"  decode {batch:2d} x {context:3d}-token prompts: not measured in this folder")
+                continue
+            traces = load_traces(decode_file(work, context, batch))
             samples.append(decode_sample(traces, batch, context, DECODE_OUTPUT))
             print(f"  decode {batch:2d} x {context:3d}-token prompts: median TPOT {samples[-1].seconds * 1e3:6.2f} ms",
                   flush=True)  # fmt: skip
@@ -213,6 +233,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="calibration rounds, one before the run (course 3, vllm 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulated step-time spread")
     parser.add_argument("--keep", help="keep the trace files in this folder")
+    parser.add_argument("--replay", metavar="DIR",
+                        help="fit and simulate the run a --keep folder holds again, without a server")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the server command; start nothing")
     args = parser.parse_args(argv)
     if args.rate is None and args.load is None:
@@ -255,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = sim_config(args)
     front_end = "step" if args.engine == "course" else "latency"
+    if args.replay:
+        return report(args, config, front_end, *replayed(Path(args.replay), args.rounds))
     work = Path(args.keep or tempfile.mkdtemp(prefix="sim-fidelity-"))
     if args.engine == "vllm":
         command = vllm_server_command(args.port, work / "tiny", args.max_batch_size, args.max_prefill_tokens)
@@ -272,7 +296,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine == "vllm" and not VLLM_PYTHON.exists():
         print(f"vLLM's environment is not built ({VLLM_PYTHON}); build it with bin/vllm-env", file=sys.stderr)
         return 2
+    rounds, measured, facts = measure(args, config, front_end, command, work)
+    status = report(args, config, front_end, rounds, measured, facts)
+    print(f"\ntraces and server log in {work} (--replay {work} fits and simulates them again)" if args.keep else "")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return status
 
+
+def measure(
+    args: argparse.Namespace, config: SimConfig, front_end: str, command: list[str], work: Path
+) -> tuple[list[list[StepSample]], list, dict]:
+    """Start the server, calibrate, run the Poisson load to predict, calibrate again, stop the server.
+
+    Returns the calibration rounds, the run's traces and the run's facts (its rate, the simulated
+    capacity it was set from, the load, the server's own counters), which are also written to
+    ``work/facts.json`` beside the trace files so that ``--replay`` can analyse them again.
+    """
     work.mkdir(parents=True, exist_ok=True)
     server_log = (work / "server.log").open("w+")
     if args.engine == "vllm":
@@ -281,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         save_tiny_model(work / "tiny")  # the model `course serve` serves on a CPU, for vLLM to load
     timeout = VLLM_START_TIMEOUT_S if args.engine == "vllm" else 120
     server = start_server(command, f"http://127.0.0.1:{args.port}/health", server_log, timeout=timeout)
+    facts: dict = {}
     try:
         print("calibration before the run (microbenchmarks against the server):", flush=True)
         rounds = [calibrate(args.port, work / "before")]
@@ -293,19 +334,44 @@ def main(argv: list[str] | None = None) -> int:
         measured = bench(args.port, work / "run.json", "--request-rate", f"{rate:.4f}", "--num-requests",
                          str(args.requests), "--prompt-tokens", str(args.prompt_tokens), "--output-tokens",
                          str(args.output_tokens), "--seed", "303")  # fmt: skip
-        during = load_average()
-        run_load = noise.load_per_core()
+        facts = {"rate": rate, "capacity": capacity, "during": load_average(), "run_load": noise.load_per_core()}
         if args.engine == "vllm":
-            breakdown = vllm_breakdown(before, vllm_metric_sums(args.port))
+            facts["breakdown"] = vllm_breakdown(before, vllm_metric_sums(args.port))
         else:
             with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=5) as response:
-                health = json.load(response)
+                facts["health"] = json.load(response)
+        (work / "facts.json").write_text(json.dumps(facts, indent=1))
         for index in range(1, args.rounds):
             print(f"calibration {index} after the run:", flush=True)
             rounds.append(calibrate(args.port, work / f"after{index}"))
     finally:
         stop(server)
         server_log.close()
+    return rounds, measured, facts
+
+
+def replayed(work: Path, rounds: int) -> tuple[list[list[StepSample]], list, dict]:
+    """What :func:`measure` returned, read back from a ``--keep`` folder (no server is started)."""
+    folders = [work / "before", *(work / f"after{index}" for index in range(1, rounds))]
+    missing = [str(f) for f in (*folders, work / "run.json", work / "facts.json") if not f.exists()]
+    if missing:
+        raise SystemExit(
+            f"--replay {work}: not a folder kept by --keep with {rounds} rounds; missing {', '.join(missing)}"
+        )
+    print(f"replaying the run kept in {work}: calibration rounds, the run and its facts")
+    calibration = []
+    for folder in folders:
+        print(f"calibration {folder.name}:")
+        calibration.append(read_calibration(folder))
+    return calibration, load_traces(work / "run.json"), json.loads((work / "facts.json").read_text())
+
+
+def report(
+    args: argparse.Namespace, config: SimConfig, front_end: str, rounds: list[list[StepSample]], measured: list,
+    facts: dict,
+) -> int:  # fmt: skip
+    """Fit the cost to the calibration, replay the run through the simulator, print the errors."""
+    rate, capacity = facts["rate"], facts["capacity"]
     samples = merge_rounds(rounds)
     cost = LinearCost.fit(samples, front_end=front_end, seed=args.seed)
     line = LinearCost.fit(samples, front_end="none", spread=False)
@@ -318,8 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     model = metrics.summarize(cost.delivered(simulated.traces))
     plain = metrics.summarize(simulate(replay, config, line).traces)
     print(f"\nthe run: {len(measured)} requests at {rate:.2f} req/s ({rate / capacity:.0%} of the simulated capacity); "
-          f"{during} right after it")  # fmt: skip
-    if args.engine == "course":
+          f"{facts['during']} right after it")  # fmt: skip
+    if "health" in facts:
+        health = facts["health"]
         print(f"server: mean decode batch {health.get('mean_batch_size', 0):.1f}, "
               f"mean decode step {health.get('mean_decode_step_ms', 0):.2f} ms (all runs); "
               f"simulated mean batch {simulated.mean_batch_size:.1f}")  # fmt: skip
@@ -339,14 +406,11 @@ def main(argv: list[str] | None = None) -> int:
             old = getattr(plain, name)[q] / want - 1
             print(f"{name.upper() + ' ' + q:8s} {want * 1e3:12.2f} {got * 1e3:13.2f} {error:+8.1%} {shown:>7s} "
                   f"{mark:8s} {old:+11.1%}")  # fmt: skip
-    if args.engine == "vllm":
-        explain_vllm(breakdown, real, model, cost, missed)
-    print(f"\ntraces and server log in {work}" if args.keep else "")
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
+    if "breakdown" in facts:
+        explain_vllm(facts["breakdown"], real, model, cost, missed)
     print(f"{load_average()} at the end")
     print("all targets met" if ok else f"missed: {', '.join(missed)}")
-    print(noise_verdict(rounds, run_load))
+    print(noise_verdict(rounds, facts["run_load"]))
     return 0
 
 

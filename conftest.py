@@ -55,6 +55,7 @@ FAST_MODULES = {
     "test_sim.py",
     "test_sim_cost.py",
     "test_sim_disagg.py",
+    "test_sim_fidelity_replay.py",
     "test_sim_fleet.py",
     "test_sim_parallel.py",
     "test_sim_properties.py",

@@ -1,0 +1,53 @@
+"""benchmarks/sim_fidelity.py --replay: a run kept with --keep is fitted and simulated again without a server."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from course.trace import RequestTrace, save_traces
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+import sim_fidelity  # noqa: E402  (benchmarks/ is not a package)
+
+STEP = 0.004  # seconds per decode step of the made-up server
+PREFILL_PER_TOKEN = 0.0001  # seconds per prompt token
+
+
+def request(rid: str, send: float, prompt: int, output: int, batch: int = 1) -> RequestTrace:
+    """A request on a server whose steps take STEP x (1 + batch / 8) and whose prefill is linear in the prompt."""
+    first = send + 0.005 + PREFILL_PER_TOKEN * prompt
+    gap = STEP * (1 + batch / 8)
+    times = [first + i * gap for i in range(output)]
+    return RequestTrace(rid, send, times, [1] * output, prompt_tokens=prompt, output_tokens=output)
+
+
+def keep_a_round(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    for prompt in sim_fidelity.PREFILL_LENGTHS:
+        traces = [request(f"p{i}", i * 1.0, prompt, 2) for i in range(8)]
+        save_traces(sim_fidelity.prefill_file(folder, prompt), traces)
+    for context in sim_fidelity.DECODE_CONTEXTS:
+        for batch in sim_fidelity.DECODE_BATCHES:
+            traces = [request(f"d{i}", 0.0, context, sim_fidelity.DECODE_OUTPUT, batch) for i in range(batch)]
+            save_traces(sim_fidelity.decode_file(folder, context, batch), traces)
+
+
+def test_replay_fits_and_simulates_a_kept_run_without_a_server(tmp_path, capsys):
+    for name in ("before", "after1", "after2"):
+        keep_a_round(tmp_path / name)
+    save_traces(tmp_path / "run.json", [request(str(i), 0.2 * i, 128, 64) for i in range(30)])
+    facts = {"rate": 5.0, "capacity": 20.0, "during": "load average 1.0", "run_load": 0.5, "health": {}}
+    (tmp_path / "facts.json").write_text(json.dumps(facts))
+    assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "replaying the run kept in" in out and "fitted linear:" in out
+    for metric in ("TTFT p50", "TTFT p95", "ITL p50", "ITL p95"):
+        assert metric in out, metric
+
+
+def test_replay_of_a_folder_that_was_not_kept_says_what_is_missing(tmp_path):
+    (tmp_path / "before").mkdir()
+    with pytest.raises(SystemExit, match="not a folder kept by --keep with 3 rounds; missing .*after1.*run.json"):
+        sim_fidelity.main(["--replay", str(tmp_path)])

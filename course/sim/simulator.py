@@ -169,8 +169,8 @@ def _reject_impossible(requests: list[_FastRequest], config: SimConfig) -> None:
 
 def _table(requests: list[_FastRequest]) -> RequestTable:
     """The requests' results as columns, made as the readable harness makes them (one builder)."""
-    # Close each open run of token steps in place: copying the lists instead holds 0.1 GB more at a million
-    # requests (peak RSS 1.68 against 1.57 GiB) for 14 M instructions fewer at 10,000 (callgrind, 0.5 %).
+    # Close each open run of token steps in place: copying the lists instead costs memory at a million requests
+    # for a negligible saving (benchmarks/RESULTS.md, "Why the fast loop is written as it is").
     for r in requests:
         if r.run_start >= 0:
             r.runs += (r.run_start, r.last_step)
@@ -547,9 +547,8 @@ class _IterativeRun:
         This loop is where the simulator spends its time (once per scheduled token), so it keeps
         to locals, calls out only at block boundaries and inlines :func:`_sample` and three rules of
         :mod:`course.sim.rules` (``chunk_size``, ``step_load``'s decode test, ``attention_pairs``), as
-        :meth:`_fast_running` does. One simulate() of ``benchmarks/sim_speed.py``'s Poisson-60 load (KV
-        pressure and preemptions send its steps down this loop) took 4.27 G instructions calling them and
-        4.12 G inlining them (callgrind, whole process; 4.03 G before the rules moved to their module).
+        :meth:`_fast_running` does, because measured instruction counts showed the gain
+        (benchmarks/RESULTS.md, "Why the fast loop is written as it is").
         The property tests (``tests/test_sim_properties.py``) hold these copies equal to the rules.
         """
         threshold, caching, step, bs = self.cap, self.caching, self.step, self.bs

@@ -9,8 +9,6 @@ rest for prompt chunks; a partly prefilled prompt keeps its KV cache between ite
 from __future__ import annotations
 
 import math
-import threading
-import time
 
 import pytest
 import torch
@@ -85,51 +83,34 @@ def test_a_running_stream_gets_a_token_in_every_iteration_of_a_long_prefill(lm64
     assert engine.cache_tokens() == 0
 
 
-def test_the_largest_gap_of_a_running_stream_while_a_4000_token_prompt_is_admitted():
-    """Wall time, against a bound from the same machine: the gap stays well under one whole prefill.
+def test_the_background_engine_decodes_a_running_stream_in_every_iteration_of_a_4000_token_prefill():
+    """The engine on its own thread, as the server runs it: counted in iterations, not wall time.
 
-    The bound is the fastest of three whole 4,000-token prefills measured here; the old engine's
-    gap was a whole prefill plus a decode step, over the bound by construction. Chunks of 512
-    tokens make the gap about a quarter of it, so a busy machine has room before this fails.
+    The old engine prefilled the 4,000-token prompt in one iteration, so the running stream waited a
+    whole prefill; with a 512-token budget every iteration gives the stream its token and the prompt a
+    chunk. How long the stream's largest gap is in milliseconds is a benchmark's figure
+    (``benchmarks/long_prompt_stall.py``), not a test's: wall time on a shared machine cannot fail alone.
     """
+    budget, prompt_len = 512, 4000
     lm = shared_chatty_model(seed=6)
-    engine = Engine(lm, max_batch_size=8, max_prefill_tokens=512)
-    prompt = torch.randint(4, 2048, (4000,), generator=torch.Generator().manual_seed(3)).tolist()
-    with torch.inference_mode():
-        ids = torch.tensor([prompt], device=lm.device)
-        timings = []
-        for _ in range(3):
-            start = time.perf_counter()
-            engine.runner(ids, engine.runner.new_cache())
-            timings.append(time.perf_counter() - start)
-    whole_prefill = min(timings)
-
+    engine = Engine(lm, max_batch_size=8, max_prefill_tokens=budget)
+    prompt = torch.randint(4, 2048, (prompt_len,), generator=torch.Generator().manual_seed(3)).tolist()
     stream = engine.submit(list(range(10, 20)), SamplingParams(max_tokens=4000, ignore_eos=True))
-    arrivals: list[float] = []
-    reader = threading.Thread(target=lambda: [arrivals.append(time.perf_counter()) for _ in stream])
-    reader.start()
-    deadline = time.monotonic() + 30
-    while len(arrivals) < 5 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    submitted = time.perf_counter()
+    tokens = iter(stream)
+    for _ in range(3):  # the stream is running before the long prompt arrives
+        next(tokens)
     long = engine.submit(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
     assert [e.finish_reason for e in long] == ["length"]
-    seen = len(arrivals)
-    while len(arrivals) < seen + 3 and time.monotonic() < deadline:
-        time.sleep(0.005)
     engine.abort(stream.request_id)
-    reader.join(30)
+    for _ in tokens:  # drain until the abort's event
+        pass
     engine.stop()
-
-    first_token = long.first_token_time
-    during = [t for t in arrivals if submitted < t < first_token]
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:]) if b > submitted and a < first_token]
-    figures = (
-        f"whole 4,000-token prefill {whole_prefill * 1e3:.0f} ms; largest gap {max(gaps) * 1e3:.0f} ms; "
-        f"{len(during)} stream tokens during the long prefill"
+    chunks = [(decodes, prefilled) for decodes, prefilled in engine.budget_used if prefilled]
+    chunks = chunks[-math.ceil(prompt_len / (budget - 1)) :]  # the long prompt's iterations
+    assert sum(prefilled for _, prefilled in chunks) == prompt_len, f"the prompt in chunks: {chunks}"
+    assert all(decodes == 1 and decodes + prefilled <= budget for decodes, prefilled in chunks), (
+        f"each chunk of the prompt shares its iteration with the running stream's token: {chunks}"
     )
-    assert len(during) >= 4, f"the running stream should keep decoding while the prompt is prefilled: {figures}"
-    assert max(gaps) < whole_prefill, f"a running stream waited a whole prefill: {figures}"
 
 
 def test_a_partly_prefilled_prompt_can_be_aborted_and_frees_its_cache(lm64):

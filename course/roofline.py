@@ -17,7 +17,7 @@ once, not the embedding table too (Llama-3-8B: 6.5 % fewer bytes). When the voca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from course.geometry import ModelGeometry
 from course.hardware import HardwareSpec
@@ -141,7 +141,8 @@ class MoeLayout:
         experts_per_token: routed experts each token runs per MoE layer (top-k).
         expert_params: parameters of one routed expert (gate, up and down projections).
         active_params: parameters one token runs, as the model card counts them (dense part, shared
-            experts and its top-k routed experts).
+            experts and its top-k routed experts). The course's one count of them: a token computes
+            through these (2 FLOPs each) and a step of one token reads them (:meth:`params_read`).
         total_params: every parameter, as the model card counts them.
         source: where the numbers come from.
     """
@@ -150,7 +151,7 @@ class MoeLayout:
     moe_layers: int
     experts: int
     experts_per_token: int
-    expert_params: int
+    expert_params: float
     active_params: float
     total_params: float
     source: str
@@ -175,8 +176,33 @@ class MoeLayout:
         return self.experts * (1.0 - (1.0 - self.experts_per_token / self.experts) ** tokens)
 
     def params_read(self, tokens: float) -> float:
-        """Parameters a step of ``tokens`` tokens reads: the dense part once, plus the experts it touches."""
+        """Parameters a step of ``tokens`` tokens reads: the dense part once, plus the experts it touches
+        (at one token, :attr:`active_params`)."""
         return self.dense_params + self.moe_layers * self.experts_read(tokens) * self.expert_params
+
+    def moe_layers_in(self, start: int, stop: int, num_layers: int) -> int:
+        """MoE layers among layers ``start`` to ``stop - 1`` of a model of ``num_layers`` layers.
+
+        The dense layers come first: DeepSeek-V3's first three (``first_k_dense_replace``); the other
+        catalogue models route in every layer.
+        """
+        return max(0, stop - max(start, num_layers - self.moe_layers))
+
+    def part(self, name: str, moe_layers: int, dense_params: float, tp: int = 1) -> MoeLayout:
+        """A part of the model as a layout of its own: ``moe_layers`` of its MoE layers and ``dense_params``
+        of its dense part, every weight cut in ``tp`` slices (a pipeline stage, one GPU of a
+        tensor-parallel group: see :mod:`course.sim.parallel`). Its active and total counts are the
+        part's own; one token still runs ``experts_per_token`` experts of ``experts`` per layer."""
+        expert, dense = self.expert_params / tp, dense_params / tp
+        return replace(
+            self,
+            name=name,
+            moe_layers=moe_layers,
+            expert_params=expert,
+            active_params=dense + moe_layers * self.experts_per_token * expert,
+            total_params=dense + moe_layers * self.experts * expert,
+            source=f"{name}, a part of {self.name}: {self.source}",
+        )
 
 
 def _expert(hidden: int, ffn: int) -> int:
@@ -185,8 +211,12 @@ def _expert(hidden: int, ffn: int) -> int:
 
 # The four MoE models of the catalogue. Layer, expert and size fields from each config.json (the same
 # values are transformers' defaults in configuration_<family>.py); totals and active counts from
-# the model cards and papers. The dense part is derived (active minus the top-k experts); the test
-# checks that dense part plus every expert adds up to the published total within 2 %.
+# the model cards and papers, where a learner can check them: DeepSeek-V3's 37 B active of 671 B in
+# its technical report's abstract (arXiv:2412.19437), Mixtral-8x7B's 12.9 B of 46.7 B in Mistral AI's
+# announcement (the paper's abstract, arXiv:2401.04088, rounds them to 13 B of 47 B). The dense part is
+# derived (active minus the top-k experts); tests/test_hardware_geometry_roofline.py checks that it
+# plus every expert adds up to the published total, and that the catalogue's parameter count less the
+# experts a token skips lands within 2 % of the published active count (Mixtral, DeepSeek-V3).
 MOE_MODELS: dict[str, MoeLayout] = {
     layout.name: layout
     for layout in [

@@ -111,6 +111,27 @@ def test_moe_layouts_add_up_to_their_published_totals():
     assert mixtral.total_params == pytest.approx(kv.get_model("Mixtral-8x7B").num_params, rel=0.001)
 
 
+@pytest.mark.parametrize(
+    "name, active, total",
+    [
+        ("DeepSeek-V3", 37e9, 671e9),  # the technical report's abstract, arXiv:2412.19437
+        ("Mixtral-8x7B", 12.9e9, 46.7e9),  # mistral.ai/news/mixtral-of-experts (arXiv:2401.04088: 13 B of 47 B)
+    ],
+)
+def test_the_active_parameter_count_agrees_with_the_catalogue_and_the_published_figure(name, active, total):
+    """The one active count (what a token computes through and a one-token step reads) is the published one,
+    and the catalogue's parameter count less the routed experts a token skips lands within 2 % of it."""
+    from course.sim import RooflineCost
+
+    layout, g = roofline.MOE_MODELS[name], kv.get_model(name)
+    assert (layout.active_params, layout.total_params) == (active, total)
+    skipped = layout.moe_layers * (layout.experts - layout.experts_per_token) * layout.expert_params
+    assert g.num_params - skipped == pytest.approx(active, rel=0.02)  # measured 1.4 % and 0.2 % off
+    cost = RooflineCost(g, hardware.gpu("H100-SXM"))
+    assert cost.active_params == pytest.approx(active) == layout.params_read(1)
+    assert cost.flops(0, 1) / 2 == pytest.approx(active)
+
+
 def test_experts_read_grows_from_top_k_at_one_token_to_all_experts():
     v3 = roofline.MOE_MODELS["DeepSeek-V3"]
     assert v3.experts_read(0) == 0 and v3.experts_read(1) == pytest.approx(8)

@@ -280,3 +280,26 @@ def test_the_roofline_cost_reads_a_moes_active_experts_and_fp8_weights_at_one_by
     int4 = RooflineCost(kv.get_model("Llama-3-8B"), h100, weight_bytes_per_param=0.5)
     assert int4.weight_bytes == llama.weight_bytes / 4 and int4.kv_bytes_per_token == llama.kv_bytes_per_token
     assert "0.5 B/weight" in int4.describe()
+
+
+def test_the_roofline_cost_computes_two_flops_per_active_parameter_of_a_moe_token():
+    """A token runs its own top-k experts and the dense part, however many experts the step reads: FLOPs per
+    token and weight bytes at one token are the same active count (DeepSeek-V3's 37 B, Mixtral's 12.9 B)."""
+    from course import hardware, kv, roofline
+    from course.sim import RooflineCost
+
+    h100 = hardware.gpu("H100-SXM")
+    for name, active in (("DeepSeek-V3", 37e9), ("Mixtral-8x7B", 12.9e9)):
+        cost = RooflineCost(kv.get_model(name), h100, attention_flops=False)
+        assert cost.moe == roofline.MOE_MODELS[name] and cost.active_params == pytest.approx(active, rel=1e-9)
+        assert cost.flops(0, 1) == pytest.approx(2 * active, rel=1e-9)  # not 2 x every expert's parameters
+        assert cost.flops(4096, 64) == pytest.approx(2 * active * (4096 + 64), rel=1e-9)
+        assert cost.weight_bytes_read(1) == pytest.approx(active * cost.bytes_per_weight, rel=1e-9)
+    # A long prefill is compute-bound: its time follows the active parameters (0.8 s on an H100, not 15 s).
+    v3 = RooflineCost(kv.get_model("DeepSeek-V3"), h100, attention_flops=False)
+    flops_time = 2 * 37e9 * 8192 / (h100.flops * v3.flops_efficiency)
+    assert v3.step_seconds(8192, 0, 0) == pytest.approx(flops_time, rel=1e-9)
+    assert v3.bytes_moved(0, 8192) / (h100.bandwidth * v3.bandwidth_efficiency) < flops_time
+    llama = RooflineCost(kv.get_model("Llama-3-8B"), h100, attention_flops=False)  # dense: every parameter
+    assert llama.moe is None and llama.active_params == llama.geometry.num_params
+    assert llama.flops(0, 1) == 2.0 * llama.geometry.num_params

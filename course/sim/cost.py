@@ -71,7 +71,16 @@ class RooflineCost:
         flops_efficiency, bandwidth_efficiency: fraction of each roof that real kernels reach.
         step_overhead: fixed seconds per step (scheduler, kernel launches); 0 = pure roofline.
         attention_flops: count the attention's FLOPs (4 x layers x query heads x head_dim per pair)
-            on top of 2 FLOPs per parameter per token.
+            on top of 2 FLOPs per active parameter per token.
+        moe: the mixture-of-experts layout of ``geometry`` (:class:`course.roofline.MoeLayout`); None:
+            the catalogue's by the geometry's name (``course.roofline.MOE_MODELS``), else a dense
+            model. A part of a model (a pipeline stage, a tensor-parallel shard) passes its own
+            (:func:`course.sim.parallel.shard_moe_layout`).
+
+    A dense model computes through every parameter for every token and reads them all every step. A
+    mixture of experts computes through its active parameters only (its dense part, shared experts
+    and top-k routed experts: DeepSeek-V3's 37 B of 671 B) and reads its dense part plus the experts
+    the step's tokens were routed to; both counts come from :meth:`params_run`.
     """
 
     geometry: ModelGeometry
@@ -82,6 +91,7 @@ class RooflineCost:
     bandwidth_efficiency: float = ROOFLINE_EFFICIENCY["bandwidth"]
     step_overhead: float = 0.0
     attention_flops: bool = True
+    moe: roofline.MoeLayout | None = None
 
     def __post_init__(self) -> None:
         if self.geometry.num_params is None:
@@ -93,6 +103,8 @@ class RooflineCost:
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {value}")
+        if self.moe is None:
+            object.__setattr__(self, "moe", roofline.moe_layout(self.geometry))
 
     # Cached: the cost is asked for every simulated step, and the geometry derives the KV bytes from
     # its layer kinds (one pass over the layers), which made 10,000-request runs 10-30 % slower.
@@ -108,25 +120,35 @@ class RooflineCost:
         """Bytes of every weight: what a dense model reads each step (a MoE model: at most this)."""
         return self.geometry.num_params * self.bytes_per_weight
 
+    def params_run(self, tokens: float) -> float:
+        """Parameters a step of ``tokens`` tokens runs: every one of a dense model; a mixture of experts'
+        dense part and the experts those tokens were routed to (:meth:`course.roofline.MoeLayout.params_read`:
+        the active parameters at one token, every expert for a long prefill), at most all of them."""
+        if self.moe is None:
+            return self.geometry.num_params
+        return min(self.moe.params_read(max(tokens, 1)), self.geometry.num_params)
+
     @functools.cached_property
-    def _moe(self) -> roofline.MoeLayout | None:
-        return roofline.moe_layout(self.geometry)
+    def active_params(self) -> float:
+        """Parameters one token computes through (2 FLOPs each): :meth:`params_run` of one token."""
+        return self.params_run(1)
 
     def weight_bytes_read(self, tokens: float) -> float:
-        """Weight bytes a step of ``tokens`` tokens reads: all of them for a dense model; for a mixture of
-        experts (``course.roofline.MOE_MODELS``) its dense part and only the experts those tokens were
-        routed to (the active parameters at one token, all experts for a long prefill)."""
-        if self._moe is None:
+        """Weight bytes a step of ``tokens`` tokens reads (:meth:`params_run`): all of them for a dense
+        model, the dense part and the experts routed to for a mixture of experts."""
+        if self.moe is None:
             return self.weight_bytes
-        return min(self._moe.params_read(max(tokens, 1)), self.geometry.num_params) * self.bytes_per_weight
+        return self.params_run(tokens) * self.bytes_per_weight
 
     @functools.cached_property
     def kv_bytes_per_token(self) -> float:
         return self.geometry.kv_bytes_per_token(self.bytes_per_value)
 
     def flops(self, prefill_tokens: int, decode_tokens: int, attention_pairs: float = 0.0) -> float:
+        """FLOPs of the step: 2 per active parameter per token (each token runs only its own experts, however
+        many the batch touches), plus the attention's per (query, key) pair."""
         g = self.geometry
-        flops = 2.0 * g.num_params * (prefill_tokens + decode_tokens)
+        flops = 2.0 * self.active_params * (prefill_tokens + decode_tokens)
         if self.attention_flops:
             flops += 4.0 * g.num_layers * g.num_query_heads * g.head_dim * attention_pairs
         return flops

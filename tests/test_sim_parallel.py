@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from course import hardware
+from course import hardware, roofline
 from course.cli import main
 from course.kv import budget, vllm
 from course.kv.catalogue import catalogue, get_model
@@ -259,3 +259,41 @@ def test_cli_kv_gib_is_per_gpu_under_tp(capsys):
 def test_cli_bad_parallel_settings_are_named(args, message, capsys):
     assert main(["simulate", "--model", "Llama-2-70B", "--requests", "5", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+# --- a mixture of experts: a shard runs its share of the active parameters ---------------------------
+
+
+def test_a_tp_shard_of_a_moe_computes_and_reads_a_tp_th_of_the_active_parameters():
+    """vLLM's default MoE tensor parallelism: every rank holds 1/tp of every expert, so a rank runs 1/tp of
+    what a token runs on the whole model (37 B of DeepSeek-V3's 671 B), not 1/tp of every parameter."""
+    v3 = get_model("DeepSeek-V3")
+    whole = RooflineCost(v3, H100)
+    for tp in (2, 8):
+        shard = P.parallel_cost(v3, H100, tp).stage
+        assert shard.active_params == pytest.approx(37e9 / tp)
+        assert shard.flops(0, 1, 1000) == pytest.approx(whole.flops(0, 1, 1000) / tp)
+        for tokens in (1, 16, 4096):  # the experts a step reads, a tp-th of each on every rank
+            assert shard.weight_bytes_read(tokens) == pytest.approx(whole.weight_bytes_read(tokens) / tp)
+        assert shard.weight_bytes == pytest.approx(whole.weight_bytes / tp)
+    decode = (0, 1, 1000, 1000)
+    tp8 = P.parallel_cost(v3, H100, 8).breakdown(*decode)
+    assert tp8.stage_compute < whole.step_seconds(*decode) / 4  # batch 1: 4.6 GB of weights per GPU, not 84 GB
+    assert P.shard_moe_layout(LLAMA2_70B, 4, 2, 1) is None  # a dense model has no layout to shard
+
+
+def test_pipeline_stages_of_a_moe_hold_their_own_experts_and_share_the_active_parameters():
+    v3, layout = get_model("DeepSeek-V3"), roofline.MOE_MODELS["DeepSeek-V3"]
+    stages = [P.stage_geometry(v3, 2, s) for s in range(2)]
+    parts = [P.shard_moe_layout(v3, 1, 2, s) for s in range(2)]
+    assert [p.moe_layers for p in parts] == [28, 30]  # layers 0-30 (the first three dense) and 31-60
+    assert sum(s.num_params for s in stages) == pytest.approx(v3.num_params)
+    for stage, part in zip(stages, parts):  # each stage holds at least its own experts
+        assert stage.num_params > part.moe_layers * layout.experts * layout.expert_params
+        assert part.params_read(1) == pytest.approx(part.active_params)
+    assert sum(p.active_params for p in parts) == pytest.approx(layout.active_params)
+    assert P.heaviest_stage_index(v3, 2) == 1 and P.heaviest_stage(v3, 2) == stages[1]  # 30 MoE layers to 28
+    cost = P.parallel_cost(v3, H100, 8, 2)
+    assert cost.stage.moe == P.shard_moe_layout(v3, 8, 2, 1)
+    assert cost.stage.active_params == pytest.approx(parts[1].active_params / 8)
+    assert P.shard_moe_layout(v3) == layout  # one GPU: the whole model

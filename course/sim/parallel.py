@@ -26,6 +26,18 @@ pp`` the pipeline is partly empty: a share ``1 - k/pp`` of the stage slots is th
 scheduled batch has its own token budget in vLLM, so :func:`pipeline_config` gives a round ``pp`` times
 the budget. What this leaves out (and an engine change would add): micro-batches of unequal size, a
 request that finishes in the middle of a round, and the scheduler running ahead of the pipeline.
+
+**A mixture of experts** computes each token through its active parameters only and reads the experts
+its step's tokens were routed to (:class:`course.roofline.MoeLayout`); a shard keeps that rule
+(:func:`shard_moe_layout`). Under TP, vLLM cuts every expert like a dense MLP unless
+``--enable-expert-parallel`` is given: each rank holds ``1/tp`` of every expert's intermediate size
+(``vllm/model_executor/layers/fused_moe/config.py``: ``FusedMoEParallelConfig.make`` turns expert
+parallelism on only with ``enable_expert_parallel``, and ``FusedMoEConfig`` sets
+``intermediate_size_per_partition = intermediate_size // tp_size``), so a rank computes and reads
+``1/tp`` of the same experts as the whole model. A pipeline stage holds its own layers' experts (the
+dense layers DeepSeek-V3 starts with sit on the first stage) and a share of the dense part by layers.
+Expert parallelism (whole experts per rank, tokens sent to them in all-to-alls, and the load imbalance
+of hot experts) is not modelled.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ from course import hardware
 from course.geometry import ModelGeometry
 from course.hardware import HardwareSpec, Interconnect
 from course.kv.sizes import kv_heads_per_gpu
+from course.roofline import MoeLayout, moe_layout
 from course.sim.config import SimConfig
 from course.sim.cost import RooflineCost
 
@@ -64,22 +77,29 @@ def pp_layer_partition(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def stage_span(num_layers: int, pp: int, stage: int) -> tuple[int, int]:
+    """(first layer, layers) of pipeline stage ``stage`` (0-based) of ``pp`` (:func:`pp_layer_partition`)."""
+    parts = pp_layer_partition(num_layers, pp)
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage must be in [0, {pp}), got {stage}")
+    return sum(parts[:stage]), parts[stage]
+
+
 def stage_geometry(g: ModelGeometry, pp: int, stage: int) -> ModelGeometry:
     """The layers of pipeline stage ``stage`` (0-based) as a model of its own (all TP ranks together).
 
     Its parameter count is the stage's: its layers' share of the body, plus the input embedding on
     the first stage and the LM head on the last (vLLM gives the last stage its own copy of a tied head).
+    A mixture of experts' routed experts are counted where they are (DeepSeek-V3's first three layers
+    have none); the rest of its body is shared by layers.
     """
-    parts = pp_layer_partition(g.num_layers, pp)
-    if not 0 <= stage < pp:
-        raise ValueError(f"stage must be in [0, {pp}), got {stage}")
+    start, layers = stage_span(g.num_layers, pp, stage)
     if pp == 1:
         return g
-    start = sum(parts[:stage])
-    layers = parts[stage]
     params = None
     if g.num_params is not None:
-        params = g.body_params * layers / g.num_layers
+        routed = _routed_params(g, 0, g.num_layers)
+        params = (g.body_params - routed) * layers / g.num_layers + _routed_params(g, start, start + layers)
         params += g.lm_head_params * ((stage == 0) + (stage == pp - 1))
         params = int(round(params))
     layer_types = g.layer_types[start : start + layers] if g.layer_types is not None else None
@@ -91,6 +111,39 @@ def stage_geometry(g: ModelGeometry, pp: int, stage: int) -> ModelGeometry:
         num_params=params,
         source=f"layers {start}-{start + layers - 1} of {g.name}",
     )
+
+
+def _routed_params(g: ModelGeometry, start: int, stop: int) -> float:
+    """Parameters of the routed experts in layers ``start`` to ``stop - 1`` of ``g`` (0 for a dense model)."""
+    layout = moe_layout(g)
+    if layout is None:
+        return 0.0
+    return layout.moe_layers_in(start, stop, g.num_layers) * layout.experts * layout.expert_params
+
+
+def shard_moe_layout(g: ModelGeometry, tp: int = 1, pp: int = 1, stage: int = 0) -> MoeLayout | None:
+    """The mixture-of-experts layout of one GPU of stage ``stage`` of a ``tp x pp`` replica of ``g``; None
+    for a dense model. Give it to the shard's :class:`RooflineCost` (``moe=``), as :func:`parallel_cost` does.
+
+    The stage's own MoE layers, each GPU holding ``1/tp`` of every expert (vLLM's default, see the
+    module docstring); the dense part of :class:`course.roofline.MoeLayout` (attention, dense and
+    shared-expert MLPs, norms) shared by layers, with the input embedding on the first stage and the
+    LM head on the last, as :func:`stage_geometry` shares the body, and cut in ``tp`` slices too. So
+    one token runs ``1/tp`` of its stage's share of the active parameters on each GPU.
+    """
+    layout = moe_layout(g)
+    if layout is None:
+        return None
+    name = shard_geometry(stage_geometry(g, pp, stage), tp).name  # validates tp, pp and stage
+    if tp == pp == 1:
+        return layout
+    start, layers = stage_span(g.num_layers, pp, stage)
+    dense = layout.dense_params
+    if pp > 1:
+        tables = g.num_params - g.body_params  # the input embedding and the LM head (one table when tied)
+        heads = g.lm_head_params * ((stage == 0) + (stage == pp - 1))
+        dense = (dense - tables) * layers / g.num_layers + heads
+    return layout.part(name, layout.moe_layers_in(start, start + layers, g.num_layers), dense, tp)
 
 
 def shard_geometry(g: ModelGeometry, tp: int) -> ModelGeometry:
@@ -224,10 +277,15 @@ class ParallelCost:
         return f"{' x '.join(parts)} ({self.gpus} GPUs); per GPU: {inner}"
 
 
+def heaviest_stage_index(g: ModelGeometry, pp: int) -> int:
+    """The index of the stage with the most parameters (it sets the pipeline's pace; the first on a tie)."""
+    stages = [stage_geometry(g, pp, s) for s in range(pp)]
+    return max(range(pp), key=lambda s: (stages[s].num_params or 0, stages[s].num_layers))
+
+
 def heaviest_stage(g: ModelGeometry, pp: int) -> ModelGeometry:
     """The stage with the most parameters (it sets the pipeline's pace)."""
-    stages = [stage_geometry(g, pp, s) for s in range(pp)]
-    return max(stages, key=lambda s: (s.num_params or 0, s.num_layers))
+    return stage_geometry(g, pp, heaviest_stage_index(g, pp))
 
 
 def parallel_cost(
@@ -245,15 +303,17 @@ def parallel_cost(
     ``interconnect`` names the TP group's link ("nvlink", "pcie", "network"; default the fastest whose
     domain holds ``tp`` GPUs); ``pp_interconnect`` the stages' link (default: the fastest that holds all
     ``tp x pp`` GPUs, i.e. NVLink inside one server, the network across servers). ``roofline`` goes to
-    :class:`course.sim.cost.RooflineCost` (efficiencies, step overhead, bytes per value).
+    :class:`course.sim.cost.RooflineCost` (efficiencies, step overhead, bytes per value). A mixture of
+    experts' shard runs its share of the active parameters (:func:`shard_moe_layout`).
     """
     spec = hardware.gpu(gpu) if isinstance(gpu, str) else gpu
-    stage = heaviest_stage(geometry, pp)
+    index = heaviest_stage_index(geometry, pp)
+    stage = stage_geometry(geometry, pp, index)
     shard = shard_geometry(stage, tp)
     tp_link = hardware.interconnect(spec, interconnect, gpus=tp) if tp > 1 else None
     pp_link = hardware.interconnect(spec, pp_interconnect, gpus=tp * pp) if pp > 1 else None
     return ParallelCost(
-        RooflineCost(shard, spec, **roofline),
+        RooflineCost(shard, spec, moe=shard_moe_layout(geometry, tp, pp, index), **roofline),
         tp,
         pp,
         geometry.hidden_size,

@@ -72,6 +72,12 @@ def datasheet_for(device_name: str) -> hardware.HardwareSpec | None:
     return None
 
 
+# Decode steps timed per batch size in a sweep (the fastest counts), in quick and full mode: course.phases'
+# defaults, passed to the phase measurement and to the static-cache sweep so that both time the same steps.
+# (A phase timing's ``n`` counts the interleaved rounds, not the steps.)
+DECODE_STEPS = {True: 4, False: 8}
+
+
 def notebooks() -> list[Path]:
     return sorted((ROOT / "solutions").glob("*/*.ipynb"))
 
@@ -80,21 +86,22 @@ def module1_figures(device: str, quick: bool, tiny: bool) -> dict:
     """Module 1's phase figures on ``device``, with the datasheet comparison where the card is known.
 
     Beside :meth:`course.phases.PhaseFigures.to_dict`'s keys (eager and CUDA-graph decode side by
-    side): ``decode_steps_static_eager`` (the graph's static-cache step without the graph) and
-    ``static_cache_check`` (largest logit difference from the dynamic cache, graph replays where
-    CUDA allows).
+    side): ``decode_steps_static_eager`` (the graph's static-cache step without the graph, timed over
+    ``decode_steps_per_sweep`` steps per batch size, as each round's eager steps and the graph's
+    replays are) and ``static_cache_check`` (largest logit difference from the dynamic cache, graph
+    replays where CUDA allows).
     """
     import torch
 
     from course.models import build_tiny_model, load_phase_model
 
     lm = build_tiny_model(device=device) if tiny else load_phase_model(device=device)
-    figures = phases.measure_phases(lm, quick=quick)
+    steps = DECODE_STEPS[quick]
+    figures = phases.measure_phases(lm, quick=quick, steps=steps)
     result = figures.to_dict()
     result["model_source"] = lm.source
-    static = cuda_graphs.decode_sweep(
-        lm, [t.size for t in figures.decode], figures.context, figures.decode[0].n, graph=False
-    )
+    result["decode_steps_per_sweep"] = steps
+    static = cuda_graphs.decode_sweep(lm, [t.size for t in figures.decode], figures.context, steps, graph=False)
     result["decode_steps_static_eager"] = {str(t.size): phases.timing_dict(t) for t in static}
     graph_check = cuda_graphs.graph_unavailable(lm) is None
     with torch.inference_mode():

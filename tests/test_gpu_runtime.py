@@ -28,6 +28,12 @@ def test_dry_run_reads_every_notebook_and_measures_module1_figures(tmp_path):
     assert m1["decode_bandwidth_fraction"] == m1["decode_bandwidth_fraction_eager"] and "CUDA" in m1["graph_note"]
     # The graph's static-cache step, run eagerly: timed at every batch, and checked against the dynamic cache.
     assert set(m1["decode_steps_static_eager"]) == set(m1["decode_steps"])
+    # Each static-cache timing counts the steps every sweep times per batch, not the eager figures' rounds
+    # (quick mode: 4 steps, 3 rounds): a timing's n of the eager sweep is the rounds' count.
+    steps = gpu_runtime.DECODE_STEPS[True]
+    assert m1["decode_steps_per_sweep"] == steps != m1["rounds"]
+    assert all(t["n"] == m1["rounds"] for t in m1["decode_steps"].values())
+    assert all(t["n"] == steps for t in m1["decode_steps_static_eager"].values())
     check = m1["static_cache_check"]
     assert check["compared"] == "eager static-cache steps" and check["max_abs_difference"] < 1e-4
     # The final lab: on a dry run, the recorded CPU run's figures through the code a GPU run uses.

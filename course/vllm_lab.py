@@ -633,24 +633,36 @@ def record_run(
     ``--max-model-len`` to ``max_model_len``, a small KV cache and ``--max-num-queued-reqs``
     (:func:`lab_serve_args`), or nothing is preempted or refused. ``notes`` go into ``meta.json`` as they are.
     """
+    recording = _Recording.prepare(
+        out, model, serve_args, plan=plan or LabPlan(), max_model_len=max_model_len, tokenizer=tokenizer, env=env,
+        start_timeout=start_timeout, notes=notes, log=log,
+    )  # fmt: skip
+    log(f"starting {recording.meta['command']} (1-3 minutes on a CPU) ...")
+    recording.record_vllm_phases()
+    recording.save_server_log()
+    if reference and recording.local:
+        recording.record_reference_server()
+    recording.finish()
+    return load_recorded_run(recording.out)
+
+
+def _random_dataset(input_len: int, output_len: int, range_ratio: float | None = None) -> list[str]:
+    """``vllm bench serve``'s random-dataset flags: input and output lengths (tokens), spread uniformly over
+    ``len x (1 +- range_ratio)`` when a ratio is given."""
+    spread = [] if range_ratio is None else ["--random-range-ratio", str(range_ratio)]
+    return ["--random-input-len", str(input_len), "--random-output-len", str(output_len), *spread]
+
+
+def _run_header(
+    model: str | Path, local: bool, serve_args: Sequence[str], plan: LabPlan, max_model_len: int, notes: Mapping
+) -> dict:
+    """The start of a run's ``meta.json``: when, with what and on what it was recorded, and the empty
+    per-phase tables the phases fill in."""
     import dataclasses
     import datetime
     import platform
-    import tempfile
 
-    from course import workload
-    from course.serving.client import PromptBuilder, default_prompt_builder, run_load
-
-    plan = plan or LabPlan()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="vllm-lab-"))
-    local = Path(model).is_dir()
-    if local:
-        shutil.copy(Path(model) / "config.json", out / "model_config.json")
-    tokenizer = tokenizer or model
-    prompts = default_prompt_builder() if local else PromptBuilder(str(tokenizer))
-    meta: dict = {
+    return {
         "recorded_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "vllm": f"{VLLM_VERSION}",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
@@ -662,134 +674,238 @@ def record_run(
         "phases": [],
         "cpu_seconds": {},
         "wall_seconds": {},
-        **(notes or {}),
+        **notes,
     }
-    gauges: dict[str, list] = {}
-    server = VLLMServer(model, work / "vllm_serve.log", serve_args, env=env, start_timeout=start_timeout)
-    vllm_cli = server.command[: server.command.index("serve")]
-    meta["command"] = " ".join(["vllm", *server.command[len(vllm_cli) :]]).replace(str(model), "<model>")
 
-    def bench(name: str, url: str, dataset: list[str], rate: float, n: int, seed: int) -> dict:
+
+@dataclass
+class _Recording:
+    """One :func:`record_run` under way: what it sends, where it writes and what it has gathered so far.
+
+    ``out`` keeps what the lab reads; ``work`` holds what it does not (the raw server logs, ``vllm bench
+    serve``'s own files) and is removed by :meth:`finish`. ``meta`` and ``gauges`` fill in phase by phase
+    and are written by :meth:`finish`. Paths of the model, the tokenizer and ``work`` never reach ``out``:
+    they are written as ``<model>`` and ``<dir>``.
+    """
+
+    out: Path
+    work: Path
+    model: str | Path
+    local: bool
+    tokenizer: str | Path
+    plan: LabPlan
+    max_model_len: int
+    prompts: Any
+    server: VLLMServer
+    meta: dict
+    log: Any
+    gauges: dict[str, list] = field(default_factory=dict)
+
+    @classmethod
+    def prepare(
+        cls,
+        out: str | Path,
+        model: str | Path,
+        serve_args: Sequence[str],
+        *,
+        plan: LabPlan,
+        max_model_len: int,
+        tokenizer: str | Path | None,
+        env: Mapping[str, str] | None,
+        start_timeout: float,
+        notes: Mapping[str, Any] | None,
+        log,
+    ) -> _Recording:
+        """Make ``out`` (with the model's ``config.json`` when ``model`` is a folder), the prompts and
+        ``meta.json``'s header, and the ``vllm serve`` to record (not started yet)."""
+        import tempfile
+
+        from course.serving.client import PromptBuilder, default_prompt_builder
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="vllm-lab-"))
+        local = Path(model).is_dir()
+        if local:
+            shutil.copy(Path(model) / "config.json", out / "model_config.json")
+        tokenizer = tokenizer or model
+        prompts = default_prompt_builder() if local else PromptBuilder(str(tokenizer))
+        meta = _run_header(model, local, serve_args, plan, max_model_len, notes or {})
+        server = VLLMServer(model, work / "vllm_serve.log", serve_args, env=env, start_timeout=start_timeout)
+        recording = cls(out, work, model, local, tokenizer, plan, max_model_len, prompts, server, meta, log)
+        meta["command"] = " ".join(["vllm", *server.command[len(recording.vllm_cli) :]]).replace(str(model), "<model>")
+        return recording
+
+    @property
+    def vllm_cli(self) -> list[str]:
+        """The command that runs ``vllm`` (before its subcommand)."""
+        return self.server.command[: self.server.command.index("serve")]
+
+    @property
+    def client_dataset(self) -> list[str]:
+        """The ``client`` phase's request shape as ``vllm bench serve`` flags."""
+        return _random_dataset(self.plan.client["prompt_tokens"], self.plan.client["output_tokens"])
+
+    # --- vLLM, phase by phase -------------------------------------------------------------------
+
+    def record_vllm_phases(self) -> None:
+        """Start ``vllm serve``, warm it, snapshot its ``/metrics`` and record every phase; stop it."""
+        from course import workload
+        from course.serving.client import run_load
+
+        plan = self.plan
+        with self.server as server:
+            self.log("vLLM is up; recording the phases")
+            run_load(server.url, workload.all_at_once(2, 16, 8), prompts=self.prompts, progress=False)  # warm up
+            _write_snapshot(self.out / "metrics_start.prom.gz", server.metrics())
+            self.phase("client", lambda: self.send("client", workload.poisson(**plan.client)), sample=True)
+            self.phase("bench", lambda: self.bench_client_load("serve", server.url))
+            self.phase("prefix_shared", lambda: self.send_prefixed("prefix_shared", timestamp=False))
+            self.phase("prefix_timestamp", lambda: self.send_prefixed("prefix_timestamp", timestamp=True))
+            self.phase(
+                "preemption", lambda: self.send("preemption", workload.all_at_once(**plan.preemption)), sample=True
+            )
+            self.phase("admission", lambda: self.send("admission", workload.all_at_once(**plan.admission)))
+            self.phase("calibration", self.calibrate)
+            self.phase("heldout", self.bench_heldout, sample=True)
+
+    def phase(self, name: str, action, sample: bool = False) -> None:
+        """Run ``action`` as phase ``name``: its wall and server CPU seconds go to ``meta``, the ``/metrics``
+        page after it to ``metrics_<name>.prom.gz``; with ``sample``, the gauges polled meanwhile to ``gauges``."""
+        self.log(f"  phase {name} ...")
+        server = self.server
+        cpu0, wall0 = server.cpu_seconds(), time.perf_counter()
+        if sample:
+            with MetricsSampler(server.url, interval=0.2) as sampler:
+                action()
+            self.gauges[name] = sampler.samples
+        else:
+            action()
+        self.meta["wall_seconds"][name] = round(time.perf_counter() - wall0, 3)
+        self.meta["cpu_seconds"][name] = round(server.cpu_seconds() - cpu0, 3)
+        _write_snapshot(self.out / f"metrics_{name}.prom.gz", server.metrics())
+        self.meta["phases"].append(name)
+
+    def send(self, name: str, requests, **options) -> None:
+        """Send ``requests`` with the course's load client (module 2); its traces go to ``traces_<name>.json``."""
+        from course.serving.client import run_load
+
+        prompts = options.pop("prompts", self.prompts)
+        run = run_load(self.server.url, requests, prompts=prompts, progress=False, **options)
+        run.save(self.out / f"traces_{name}.json")
+
+    def send_prefixed(self, name: str, timestamp: bool) -> None:
+        """The prefix phases: requests one at a time, each the plan's shared prefix then a body of its own,
+        with a timestamp written in front of the prefix when ``timestamp``."""
+        from course import workload
+
+        plan = self.plan
+        shared = PrefixedPrompts(self.prompts.make(plan.prefix_tokens, seed=99), self.prompts, timestamp=timestamp)
+        requests = workload.all_at_once(plan.prefix_requests, plan.prefix_body, 4, seed=5)
+        self.send(name, requests, prompts=shared, concurrency=1, seed=500)
+
+    def calibrate(self) -> None:
+        """Module 5's calibration points, but each timed by vLLM itself (``calibration.json``): the mean
+        prefill time of single requests, and the mean gap between output tokens of a wave of ``batch``
+        requests."""
+        from course import workload
+
+        plan, rows = self.plan, []
+        for i, prompt in enumerate(plan.prefill_lengths):
+            seconds = self.engine_seconds(workload.all_at_once(plan.repeats, prompt, 2), 1, PREFILL_TIME, 1000 + 10 * i)
+            rows.append({"prefill_tokens": prompt, "decode_tokens": 0, "kv_tokens_read": 0, "seconds": seconds})
+        for i, context in enumerate(plan.decode_contexts):
+            for j, batch in enumerate(plan.decode_batches):
+                wave = workload.all_at_once(batch * plan.repeats, context, plan.decode_output)
+                seconds = self.engine_seconds(wave, batch, ITL_TIME, 2000 + 100 * i + 10 * j)
+                kv_read = batch * (context + plan.decode_output // 2)  # the average context of the wave
+                rows.append({"prefill_tokens": 0, "decode_tokens": batch, "kv_tokens_read": kv_read,
+                             "seconds": seconds})  # fmt: skip
+        (self.out / "calibration.json").write_text(json.dumps(rows, indent=1))
+
+    def engine_seconds(self, requests, concurrency: int, histogram: str, seed: int) -> float:
+        """Send ``requests`` (``concurrency`` at a time) and return the mean of vLLM's ``histogram`` over
+        them (s, :func:`engine_step_seconds`); RuntimeError if any request failed."""
+        from course.serving.client import run_load
+
+        before = parse_metrics(self.server.metrics())
+        run = run_load(
+            self.server.url, requests, concurrency=concurrency, prompts=self.prompts, progress=False, seed=seed
+        )
+        failed = [t for t in run.traces if not t.succeeded]
+        if failed:
+            raise RuntimeError(f"calibration: {len(failed)} requests failed: {failed[0].error}")
+        return engine_step_seconds(before, parse_metrics(self.server.metrics()), histogram)
+
+    def bench_client_load(self, name: str, url: str) -> None:
+        """``vllm bench serve`` against ``url`` with the ``client`` phase's request shape, rate, count and seed."""
+        c = self.plan.client
+        self.bench(name, url, self.client_dataset, c["rate"], c["n"], c["seed"])
+
+    def bench_heldout(self) -> None:
+        """The held-out workload: ``vllm bench serve`` on the plan's random requests of mixed lengths."""
+        h = self.plan.heldout
+        dataset = _random_dataset(h["input_len"], h["output_len"], h["range_ratio"])
+        self.bench("heldout", self.server.url, dataset, h["rate"], h["n"], h["seed"])
+
+    def bench(self, name: str, url: str, dataset: list[str], rate: float, n: int, seed: int) -> dict:
         """``vllm bench serve`` against ``url``; saves and returns its result (bench_<name>.json, .txt)."""
+        vllm_cli, work = self.vllm_cli, self.work
         command = [
-            *vllm_cli, "bench", "serve", "--backend", "openai", "--base-url", url, "--model", server.served_name,
-            "--tokenizer", str(tokenizer), "--dataset-name", "random", *dataset, "--num-prompts", str(n),
+            *vllm_cli, "bench", "serve", "--backend", "openai", "--base-url", url, "--model", self.server.served_name,
+            "--tokenizer", str(self.tokenizer), "--dataset-name", "random", *dataset, "--num-prompts", str(n),
             "--request-rate", str(rate), "--seed", str(seed), "--ignore-eos",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
             "--save-result", "--save-detailed", "--result-dir", str(work), "--result-filename", f"{name}.json",
         ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=server.env)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=self.server.env)
         if done.returncode != 0:
             raise RuntimeError(f"vllm bench serve failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         table = done.stdout[done.stdout.find("=====") :] if "=====" in done.stdout else done.stdout
-        (out / f"bench_{name}.txt").write_text(table)
+        (self.out / f"bench_{name}.txt").write_text(table)
         printed = " ".join(["vllm", *command[len(vllm_cli) :]])
-        meta.setdefault("bench_commands", {})[name] = printed.replace(str(tokenizer), "<model>").replace(
+        self.meta.setdefault("bench_commands", {})[name] = printed.replace(str(self.tokenizer), "<model>").replace(
             str(work), "<dir>"
         )
         result = json.loads((work / f"{name}.json").read_text())
         for bulky in ("generated_texts", "input_texts"):  # the model's text: not read, most of the bytes
             result.pop(bulky, None)
-        (out / f"bench_{name}.json").write_text(json.dumps(result).replace(str(tokenizer), "<model>"))
+        (self.out / f"bench_{name}.json").write_text(json.dumps(result).replace(str(self.tokenizer), "<model>"))
         return result
 
-    c = plan.client
-    client_dataset = ["--random-input-len", str(c["prompt_tokens"]), "--random-output-len", str(c["output_tokens"])]
-    log(f"starting {meta['command']} (1-3 minutes on a CPU) ...")
-    with server:
-        log("vLLM is up; recording the phases")
-        run_load(server.url, workload.all_at_once(2, 16, 8), prompts=prompts, progress=False)  # warm the engine
-        _write_snapshot(out / "metrics_start.prom.gz", server.metrics())
+    # --- after vLLM -----------------------------------------------------------------------------
 
-        def phase(name: str, action, sample: bool = False) -> None:
-            log(f"  phase {name} ...")
-            cpu0, wall0 = server.cpu_seconds(), time.perf_counter()
-            if sample:
-                with MetricsSampler(server.url, interval=0.2) as sampler:
-                    action()
-                gauges[name] = sampler.samples
-            else:
-                action()
-            meta["wall_seconds"][name] = round(time.perf_counter() - wall0, 3)
-            meta["cpu_seconds"][name] = round(server.cpu_seconds() - cpu0, 3)
-            _write_snapshot(out / f"metrics_{name}.prom.gz", server.metrics())
-            meta["phases"].append(name)
+    def save_server_log(self) -> None:
+        """``vllm serve``'s log into ``out``, the model's and the work folder's paths hidden."""
+        text = (self.work / "vllm_serve.log").read_text(errors="replace")
+        hidden = text.replace(str(self.model), "<model>").replace(str(self.work), "<dir>")
+        (self.out / "vllm_serve.log").write_text(hidden)
 
-        def load(name: str, requests, **options) -> None:
-            run_load(server.url, requests, prompts=options.pop("prompts", prompts), progress=False, **options).save(
-                out / f"traces_{name}.json"
-            )
+    def record_reference_server(self) -> None:
+        """The course's reference server on the same model under the ``bench`` phase's ``vllm bench serve``
+        load: ``bench_reference.*`` and its CPU and wall seconds in ``meta["reference_server"]``."""
+        from course import workload
+        from course.serving.client import run_load
 
-        def prefix(timestamp: bool, name: str):
-            def action() -> None:
-                shared = PrefixedPrompts(prompts.make(plan.prefix_tokens, seed=99), prompts, timestamp=timestamp)
-                requests = workload.all_at_once(plan.prefix_requests, plan.prefix_body, 4, seed=5)
-                load(name, requests, prompts=shared, concurrency=1, seed=500)
-
-            return action
-
-        def calibration() -> None:
-            # Module 5's calibration points, but each timed by vLLM itself: the mean prefill time of single
-            # requests, and the mean gap between output tokens of a wave of `batch` requests.
-            rows = []
-
-            def timed(requests, concurrency: int, name: str, seed: int) -> float:
-                before = parse_metrics(server.metrics())
-                run = run_load(
-                    server.url, requests, concurrency=concurrency, prompts=prompts, progress=False, seed=seed
-                )
-                failed = [t for t in run.traces if not t.succeeded]
-                if failed:
-                    raise RuntimeError(f"calibration: {len(failed)} requests failed: {failed[0].error}")
-                return engine_step_seconds(before, parse_metrics(server.metrics()), name)
-
-            for i, prompt in enumerate(plan.prefill_lengths):
-                seconds = timed(workload.all_at_once(plan.repeats, prompt, 2), 1, PREFILL_TIME, 1000 + 10 * i)
-                rows.append({"prefill_tokens": prompt, "decode_tokens": 0, "kv_tokens_read": 0, "seconds": seconds})
-            for i, context in enumerate(plan.decode_contexts):
-                for j, batch in enumerate(plan.decode_batches):
-                    wave = workload.all_at_once(batch * plan.repeats, context, plan.decode_output)
-                    seconds = timed(wave, batch, ITL_TIME, 2000 + 100 * i + 10 * j)
-                    kv_read = batch * (context + plan.decode_output // 2)  # the average context of the wave
-                    rows.append({"prefill_tokens": 0, "decode_tokens": batch, "kv_tokens_read": kv_read,
-                                 "seconds": seconds})  # fmt: skip
-            (out / "calibration.json").write_text(json.dumps(rows, indent=1))
-
-        def heldout() -> None:
-            h = plan.heldout
-            dataset = [
-                "--random-input-len", str(h["input_len"]), "--random-output-len", str(h["output_len"]),
-                "--random-range-ratio", str(h["range_ratio"]),
-            ]  # fmt: skip
-            bench("heldout", server.url, dataset, h["rate"], h["n"], h["seed"])
-
-        phase("client", lambda: load("client", workload.poisson(**c)), sample=True)
-        phase("bench", lambda: bench("serve", server.url, client_dataset, c["rate"], c["n"], c["seed"]))
-        phase("prefix_shared", prefix(False, "prefix_shared"))
-        phase("prefix_timestamp", prefix(True, "prefix_timestamp"))
-        phase("preemption", lambda: load("preemption", workload.all_at_once(**plan.preemption)), sample=True)
-        phase("admission", lambda: load("admission", workload.all_at_once(**plan.admission)))
-        phase("calibration", calibration)
-        phase("heldout", heldout, sample=True)
-    text = (work / "vllm_serve.log").read_text(errors="replace")
-    (out / "vllm_serve.log").write_text(text.replace(str(model), "<model>").replace(str(work), "<dir>"))
-    if reference and local:
-        log("  the course's reference server: the same model, the same vllm bench serve load ...")
-        with course_server(model, work / "course_serve.log", max_model_len) as reference_server:
+        self.log("  the course's reference server: the same model, the same vllm bench serve load ...")
+        max_model_len = self.max_model_len
+        with course_server(self.model, self.work / "course_serve.log", max_model_len) as reference_server:
             url = reference_server.url
             run_load(url, workload.all_at_once(2, 16, 8), progress=False)
             cpu0, wall0 = reference_server.cpu_seconds(), time.perf_counter()
-            bench("reference", url, client_dataset, c["rate"], c["n"], c["seed"])
-            meta["reference_server"] = {
+            self.bench_client_load("reference", url)
+            self.meta["reference_server"] = {
                 "command": f"course serve --model <model> --served-model-name tiny --max-model-len {max_model_len}",
                 "cpu_seconds": round(reference_server.cpu_seconds() - cpu0, 3),
                 "wall_seconds": round(time.perf_counter() - wall0, 3),
             }
-    (out / "gauges.json").write_text(json.dumps(gauges))
-    meta["load_average_at_end"] = _load_average()
-    (out / "meta.json").write_text(json.dumps(meta, indent=1))
-    shutil.rmtree(work, ignore_errors=True)
-    return load_recorded_run(out)
+
+    def finish(self) -> None:
+        """Write ``gauges.json`` and ``meta.json`` (with the load average now) and remove ``work``."""
+        (self.out / "gauges.json").write_text(json.dumps(self.gauges))
+        self.meta["load_average_at_end"] = _load_average()
+        (self.out / "meta.json").write_text(json.dumps(self.meta, indent=1))
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 # --- the recorded run ----------------------------------------------------------------------------

@@ -393,60 +393,72 @@ def load_model(
     if offline not in OFFLINE_MODELS:
         raise ValueError(f"offline must be one of {', '.join(OFFLINE_MODELS)}; got {offline!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if allow_hub is None:
-        allow_hub = device.startswith("cuda") or (name not in (None, *OFFLINE_MODELS))
-    reason = None
-    local = name is not None and name not in OFFLINE_MODELS and Path(name).expanduser().is_dir()
     if name in OFFLINE_MODELS:
-        offline, reason = name, "asked for by name"
-    elif local:  # a folder on disk: no Hub involved, whatever HF_HUB_OFFLINE says
-        start = time.perf_counter()
-        try:
-            lm = load_hub_model(str(Path(name).expanduser()), device, source=f"local folder {name}")
-        except Exception as err:  # not a model folder, an unknown architecture, out of memory ...
-            first_line = (str(err).strip().splitlines() or [""])[0][:160]
-            reason = f"could not load the local folder {name} ({type(err).__name__}: {first_line})"
-        else:
-            lm.name = name
-            if verbose:
-                print(f"Loaded {lm.describe()} in {time.perf_counter() - start:.1f} s")
-            return lm
-    elif not allow_hub:
-        reason = "CPU runtime: the real model would take minutes per measurement here"
-    elif blocked := _hub_disabled():
-        reason = f"the Hub is switched off ({blocked})"
-    else:
-        hub_name = name or HUB_MODEL
-        start = time.perf_counter()
-        try:
-            lm = load_hub_model(hub_name, device)
-        except Exception as err:  # no network, no such model, gated model, out of memory ...
-            first_line = (str(err).strip().splitlines() or [""])[0][:160]
-            reason = f"could not load {hub_name} from the Hub ({type(err).__name__}: {first_line})"
-        else:
-            if verbose:
-                print(f"Loaded {lm.describe()} in {time.perf_counter() - start:.1f} s")
-            return lm
-    if fallback is None:
-        fallback = name is None
-    stand_in = (
-        f"{name or HUB_MODEL} (random weights)"
-        if device.startswith("cuda") and name not in OFFLINE_MODELS and not local
-        else offline
-    )
-    if name not in (None, *OFFLINE_MODELS) and not fallback:
-        raise ModelUnavailable(
-            f"{name} was asked for but cannot be loaded: {reason}. Not using {stand_in} in its place "
-            "(pass fallback=True to load_model, or --allow-fallback to course serve, to use it)."
-        )
-    if name not in (None, *OFFLINE_MODELS):
+        return _build_offline_model(name, device, seed, "asked for by name", verbose)
+    if allow_hub is None:
+        allow_hub = device.startswith("cuda") or name is not None
+    local = name is not None and Path(name).expanduser().is_dir()
+    lm, reason = _load_real_model(name, device, allow_hub, local, verbose)
+    if lm is not None:
+        return lm
+    # The stand-in: on a GPU runtime, a Hub model's architecture with random weights; elsewhere, and for a
+    # local folder, the offline model.
+    gpu_stand_in = device.startswith("cuda") and not local
+    stand_in = f"{name or HUB_MODEL} (random weights)" if gpu_stand_in else offline
+    if name is not None:  # asked for: never replaced silently
+        if not fallback:
+            raise ModelUnavailable(
+                f"{name} was asked for but cannot be loaded: {reason}. Not using {stand_in} in its place "
+                "(pass fallback=True to load_model, or --allow-fallback to course serve, to use it)."
+            )
         reason = f"{name} was asked for but cannot be loaded ({reason}); using {stand_in} in its place"
-    if device.startswith("cuda") and name not in OFFLINE_MODELS and not local:
+    if gpu_stand_in:
         # A GPU runtime without the Hub still gets the real model's size, so the timings carry over.
         lm = build_random_hub_geometry(name or HUB_MODEL, seed=seed, device=device)
         if verbose:
             print(f"Using {lm.name}: {reason}. It times like the real model; its text is gibberish.\n{lm.describe()}")
         return lm
+    return _build_offline_model(offline, device, seed, reason, verbose)
+
+
+def _load_real_model(
+    name: str | None, device: str, allow_hub: bool, local: bool, verbose: bool
+) -> tuple[LanguageModel | None, str]:
+    """The local folder ``name`` (when ``local``) or the Hub model (``name`` or ``HUB_MODEL``):
+    (the model, "") when it loads, else (None, why not)."""
+    if local:
+        return _timed_load(
+            str(Path(name).expanduser()), device, verbose, f"could not load the local folder {name}",
+            shown_as=name, source=f"local folder {name}",
+        )  # fmt: skip
+    if not allow_hub:
+        return None, "CPU runtime: the real model would take minutes per measurement here"
+    if blocked := _hub_disabled():
+        return None, f"the Hub is switched off ({blocked})"
+    hub_name = name or HUB_MODEL
+    return _timed_load(hub_name, device, verbose, f"could not load {hub_name} from the Hub")
+
+
+def _timed_load(
+    path: str, device: str, verbose: bool, failure: str, shown_as: str | None = None, **options: str
+) -> tuple[LanguageModel | None, str]:
+    """:func:`load_hub_model` of ``path`` (``options`` passed on), saying how long it took:
+    (the model, named ``shown_as`` when given, "") or (None, ``failure`` with the error's first line)."""
+    start = time.perf_counter()
+    try:
+        lm = load_hub_model(path, device, **options)
+    except Exception as err:  # no network, no such model, gated model, not a model folder, out of memory ...
+        first_line = (str(err).strip().splitlines() or [""])[0][:160]
+        return None, f"{failure} ({type(err).__name__}: {first_line})"
+    if shown_as is not None:
+        lm.name = shown_as
+    if verbose:
+        print(f"Loaded {lm.describe()} in {time.perf_counter() - start:.1f} s")
+    return lm, ""
+
+
+def _build_offline_model(offline: str, device: str, seed: int, reason: str, verbose: bool) -> LanguageModel:
+    """The offline model ``offline`` (``TINY_NAME`` or ``PROSE_NAME``), saying why it is used (``reason``)."""
     if offline == PROSE_NAME:
         # The tiny model's context, so that either offline model takes the same prompts and server limits.
         context = TINY_CONFIG["max_position_embeddings"]

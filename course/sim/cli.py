@@ -61,8 +61,23 @@ SCHEDULER_FLAGS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``course simulate`` (every default None, so the config file can fill them)."""
+    """The flags of ``course simulate`` (every default None, so the config file can fill them), in their
+    ``--help`` groups."""
     parser.add_argument("--config", help="TOML or JSON file with the settings (flags override it)")
+    _add_workload_arguments(parser)
+    _add_scheduler_arguments(parser)
+    _add_cost_arguments(parser)
+    _add_plan_arguments(parser)
+    _add_fleet_arguments(parser)
+    _add_output_arguments(parser)
+
+
+def _switch(group: argparse._ArgumentGroup, flag: str, dest: str, value: bool, help: str | None = None) -> None:
+    """A flag that sets ``dest`` to ``value``; None when not given, so that the config file can set it."""
+    group.add_argument(flag, dest=dest, action="store_const", const=value, default=None, help=help)
+
+
+def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     w = parser.add_argument_group("workload (generated, or replayed from a course bench trace file)")
     w.add_argument("--trace", help="replay the arrivals and token counts of a trace JSON file from course bench")
     w.add_argument("--requests", type=int, help="number of generated requests (default 1000)")
@@ -76,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--front-tokens", type=int, help="N unique tokens (a timestamp) before the system prompt")
     w.add_argument("--max-tokens", type=int, help="cap every output at N tokens")
     w.add_argument("--seed", type=int, help="seed of the generated workload (default 0)")
+
+
+def _add_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("scheduler (vLLM's names and defaults)")
     s.add_argument("--scheduler", choices=SCHEDULERS, help="continuous (vLLM V1), prefill-first (V0) or static")
     s.add_argument(
@@ -84,25 +102,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--max-num-batched-tokens", type=int, help="token budget per step (default vLLM's for the --gpu: 8192 or 2048)"
     )
-    s.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_const", const=False, default=None)
+    _switch(s, "--no-chunked-prefill", "chunked_prefill", False)
     s.add_argument(
         "--long-prefill-token-threshold", type=int, help="most tokens per request per step, unless alone (0 = off)"
     )
-    s.add_argument(
-        "--long-prefill-token-threshold-adaptive",
-        action="store_const",
-        const=True,
-        default=None,
-        help="never cap a request below budget // requests (vLLM's option)",
-    )
-    s.add_argument(
-        "--no-reserve-full-isl",
-        dest="reserve_full_isl",
-        action="store_const",
-        const=False,
-        default=None,
-        help="admit when the first chunk fits (vLLM 0.11); vLLM 0.32 waits until the whole prompt fits",
-    )
+    _switch(
+        s, "--long-prefill-token-threshold-adaptive", "long_prefill_token_threshold_adaptive", True,
+        "never cap a request below budget // requests (vLLM's option)",
+    )  # fmt: skip
+    _switch(
+        s, "--no-reserve-full-isl", "reserve_full_isl", False,
+        "admit when the first chunk fits (vLLM 0.11); vLLM 0.32 waits until the whole prompt fits",
+    )  # fmt: skip
     s.add_argument(
         "--max-num-queued-reqs",
         type=int,
@@ -115,37 +126,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV blocks in the cache (default: vLLM's budget for --model on --gpu at gpu_memory_utilization 0.92)",
     )
     s.add_argument("--kv-gib", type=float, help="size the cache from a KV budget in GiB instead of --num-blocks")
-    s.add_argument(
-        "--prefix-caching",
-        dest="enable_prefix_caching",
-        action="store_const",
-        const=True,
-        default=None,
-        help="reuse cached prompt blocks (vLLM's default: on)",
-    )
-    s.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False, default=None)
+    _switch(s, "--prefix-caching", "enable_prefix_caching", True, "reuse cached prompt blocks (vLLM's default: on)")
+    _switch(s, "--no-prefix-caching", "enable_prefix_caching", False)
     s.add_argument(
         "--watermark",
         type=float,
         help="fraction of blocks kept free when admitting while others run (V1: 0, off; V0's prefill-first: 0.01)",
     )
-    s.add_argument(
-        "--no-async-scheduling",
-        dest="async_scheduling",
-        action="store_const",
-        const=False,
-        default=None,
-        help="schedule each step after the last one's output is processed (vLLM's GPU default is async: "
+    _switch(
+        s, "--no-async-scheduling", "async_scheduling", False,
+        "schedule each step after the last one's output is processed (vLLM's GPU default is async: "
         "a finished request holds its blocks and slot one step longer)",
-    )
+    )  # fmt: skip
     s.add_argument("--max-model-len", type=int, help="reject requests whose prompt + output exceed this")
-    s.add_argument(
-        "--decode-after-prefill",
-        action="store_const",
-        const=True,
-        default=None,
-        help="prefill-first: one decode step after every prefill step (module 2's server loop)",
-    )
+    _switch(
+        s, "--decode-after-prefill", "decode_after_prefill", True,
+        "prefill-first: one decode step after every prefill step (module 2's server loop)",
+    )  # fmt: skip
+
+
+def _add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     c = parser.add_argument_group("cost model")
     c.add_argument("--cost", dest="kind", choices=("roofline", "linear"), help="step-time model (default roofline)")
     c.add_argument("--gpu", help=f"roofline GPU: {', '.join(hardware.GPUS)} (default H100-SXM)")
@@ -166,6 +166,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("nvlink", "pcie", "network"),
         help="link the TP group all-reduces over (default: the fastest that joins --tp GPUs of the --gpu)",
     )
+
+
+def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     p = parser.add_argument_group(
         "capacity search: the cheapest GPU, TP, PP and replicas that hold the SLOs (needs --slo-ttft-ms, --slo-tpot-ms)"
     )
@@ -176,6 +179,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--plan-tp", help="TP sizes to try, e.g. 2,4,8 (default: every size vLLM accepts up to 8)")
     p.add_argument("--plan-pp", help="PP sizes to try, e.g. 1,2 (default 1)")
     p.add_argument("--plan-headroom", type=float, help="share of each replica's capacity kept free (default 0)")
+
+
+def _add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     f = parser.add_argument_group("replicas behind a router")
     f.add_argument("--replicas", type=int, help="data-parallel replicas, each --tp x --pp GPUs (default 1)")
     f.add_argument(
@@ -183,6 +189,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("round-robin", "least-outstanding", "prefix-aware"),
         help="how requests are spread over the replicas (default round-robin)",
     )
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     o = parser.add_argument_group("SLOs and output")
     o.add_argument("--slo-ttft-ms", dest="ttft_ms", type=float, help="TTFT SLO for goodput (ms)")
     o.add_argument("--slo-tpot-ms", dest="tpot_ms", type=float, help="TPOT SLO for goodput (ms)")
@@ -268,43 +277,63 @@ def workload_from(w: dict) -> workload.Workload:
 
 def build(settings: dict):
     """(workload, SimConfig, cost model, SLOs in seconds) from merged settings."""
-    from course.sim.cost import LinearCost, RooflineCost
-
     requests = workload_from(settings["workload"])
     c = settings["cost"]
-    model = None
-    if c["kind"] == "linear":
-        if not c["linear"]:
-            raise ValueError(
-                "--cost linear needs --linear A,B,C,D (seconds per step, prefill token, decode token, KV token)"
-            )
-        values = c["linear"] if isinstance(c["linear"], list) else str(c["linear"]).split(",")
-        if len(values) != 4:
-            raise ValueError(f"--linear needs four numbers A,B,C,D; got {c['linear']!r}")
-        cost = LinearCost(*(float(v) for v in values))
-    else:
-        model = _model(c["model"], c["num_params"])
-        efficiency = {key: c[key] for key in ("flops_efficiency", "bandwidth_efficiency") if c[key] is not None}
-        cost = RooflineCost(
-            model, hardware.gpu(c["gpu"]), step_overhead=(c["step_overhead_ms"] or 0.0) / 1e3, **efficiency
+    model = None if c["kind"] == "linear" else _model(c["model"], c["num_params"])
+    cost = _linear_cost(c) if model is None else _roofline_cost(c, model)
+    config = _sim_config(settings["scheduler"], c, model)
+    slo = settings["slo"]
+    slos = {
+        "ttft_slo": slo["ttft_ms"] / 1e3 if slo["ttft_ms"] else None,
+        "tpot_slo": slo["tpot_ms"] / 1e3 if slo["tpot_ms"] else None,
+    }
+    return requests, config, cost, slos
+
+
+def _linear_cost(c: dict):
+    """The ``[cost]`` table's ``--cost linear`` model (:class:`course.sim.cost.LinearCost`)."""
+    from course.sim.cost import LinearCost
+
+    if not c["linear"]:
+        raise ValueError(
+            "--cost linear needs --linear A,B,C,D (seconds per step, prefill token, decode token, KV token)"
         )
-        if c["tp"] * c["pp"] > 1:
-            cost = parallel.parallel_cost(
-                model,
-                c["gpu"],
-                c["tp"],
-                c["pp"],
-                interconnect=c["interconnect"],
-                step_overhead=(c["step_overhead_ms"] or 0.0) / 1e3,
-                **efficiency,
-            )
-    if c["kind"] == "linear" and c["tp"] * c["pp"] > 1:
+    values = c["linear"] if isinstance(c["linear"], list) else str(c["linear"]).split(",")
+    if len(values) != 4:
+        raise ValueError(f"--linear needs four numbers A,B,C,D; got {c['linear']!r}")
+    cost = LinearCost(*(float(v) for v in values))
+    if c["tp"] * c["pp"] > 1:
         raise ValueError(
             "--tp/--pp with --cost linear: a linear cost is fitted on one deployment and already holds its "
             "parallelism; fit it on the TP/PP server, or use --cost roofline"
         )
+    return cost
 
-    scheduler = dict(settings["scheduler"])
+
+def _roofline_args(c: dict) -> dict:
+    """The ``[cost]`` table's settings of :class:`course.sim.cost.RooflineCost`: step overhead (s) and the
+    efficiencies given."""
+    efficiency = {key: c[key] for key in ("flops_efficiency", "bandwidth_efficiency") if c[key] is not None}
+    return {"step_overhead": (c["step_overhead_ms"] or 0.0) / 1e3, **efficiency}
+
+
+def _roofline_cost(c: dict, model: geometry.ModelGeometry):
+    """The roofline of ``model`` on one ``--gpu``, or spread over ``--tp`` x ``--pp`` of them
+    (:func:`course.sim.parallel.parallel_cost`)."""
+    from course.sim.cost import RooflineCost
+
+    if c["tp"] * c["pp"] > 1:
+        return parallel.parallel_cost(
+            model, c["gpu"], c["tp"], c["pp"], interconnect=c["interconnect"], **_roofline_args(c)
+        )
+    return RooflineCost(model, hardware.gpu(c["gpu"]), **_roofline_args(c))
+
+
+def _sim_config(scheduler: dict, c: dict, model: geometry.ModelGeometry | None) -> SimConfig:
+    """``vllm serve``'s settings on the ``--gpu`` (:meth:`SimConfig.vllm_defaults`) overridden by the
+    scheduler settings given, with the KV blocks of ``--num-blocks``, of ``--kv-gib`` per GPU, or else of
+    vLLM's budget; ``--pp`` batches per round (:func:`course.sim.parallel.pipeline_config`)."""
+    scheduler = dict(scheduler)
     kv_gib = scheduler.pop("kv_gib", None)
     gpu = hardware.gpu(c["gpu"])
     if kv_gib is not None:
@@ -315,13 +344,7 @@ def build(settings: dict):
     elif "num_blocks" not in scheduler:
         model = model or _model(c["model"], c["num_params"])
         scheduler["num_blocks"] = _budget_blocks(model, gpu, scheduler, c["tp"], c["pp"])
-    config = parallel.pipeline_config(SimConfig.vllm_defaults(gpu, **scheduler), c["pp"])
-    slo = settings["slo"]
-    slos = {
-        "ttft_slo": slo["ttft_ms"] / 1e3 if slo["ttft_ms"] else None,
-        "tpot_slo": slo["tpot_ms"] / 1e3 if slo["tpot_ms"] else None,
-    }
-    return requests, config, cost, slos
+    return parallel.pipeline_config(SimConfig.vllm_defaults(gpu, **scheduler), c["pp"])
 
 
 def _model(name: str, num_params: float | None) -> geometry.ModelGeometry:
@@ -444,8 +467,6 @@ def _run_plan(args: argparse.Namespace, settings: dict) -> int:
     base = settings["workload"]
     if base["trace"]:
         raise ValueError("--plan-rate generates the workload at each rate it tries; it cannot replay a --trace")
-    efficiency = {key: c[key] for key in ("flops_efficiency", "bandwidth_efficiency") if c[key] is not None}
-    roofline = {"step_overhead": (c["step_overhead_ms"] or 0.0) / 1e3, **efficiency}
     target = SLO("--slo", ttft=slo["ttft_ms"] / 1e3, tpot=slo["tpot_ms"] / 1e3, source="course simulate flags")
     plans = plan_capacity(
         model,
@@ -459,7 +480,7 @@ def _run_plan(args: argparse.Namespace, settings: dict) -> int:
         headroom=args.plan_headroom or 0.0,
         max_model_len=settings["scheduler"].get("max_model_len"),
         interconnect=c["interconnect"],
-        roofline=roofline,
+        roofline=_roofline_args(c),
     )
     if args.json:
         finite = lambda v: None if isinstance(v, float) and v in (float("inf"), float("-inf")) or v != v else v  # noqa: E731

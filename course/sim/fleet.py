@@ -398,10 +398,12 @@ def plan_capacity(
     (default :func:`course.sim.parallel.deployment`, vLLM's defaults and budget; ``max_model_len=8192``
     and the like go through ``deployment_args``).
     """
-    from course import capacity
     from course.sim import parallel
 
     build = deployment or parallel.deployment
+    search = _ShapeSearch(
+        make_workload, target_rate, slo, router, headroom, rate_bracket, rel_tol, max_extra_replicas, max_gpus
+    )
     plans = []
     for gpu, price in gpu_prices.items():
         sizes = tp_sizes or [t for t in parallel.valid_tp_sizes(parallel.get_geometry(model), 8)]
@@ -413,35 +415,61 @@ def plan_capacity(
                     config, cost = build(model, gpu, tp, pp, **deployment_args)
                 except parallel.DoesNotFit:
                     continue
-
-                def holds(rate: float, config=config, cost=cost) -> bool:
-                    return slo.holds(simulate(make_workload(rate), config, cost).traces)
-
-                found = capacity.highest_rate(holds, *rate_bracket, rel_tol=rel_tol)
-                if found.rate <= 0:
-                    plans.append(Plan(gpu, tp, pp, 0, 0.0, False, math.inf, note="holds the SLO at no rate"))
-                    continue
-                replicas = capacity.replicas_needed(target_rate, found.rate, headroom)
-                if replicas * tp * pp > max_gpus:
-                    plans.append(
-                        Plan(gpu, tp, pp, replicas, found.rate, False, replicas * tp * pp * price,
-                             note=f"needs more than max_gpus={max_gpus} GPUs; not simulated")
-                    )  # fmt: skip
-                    continue
-                traffic = make_workload(target_rate)
-                for extra in range(max_extra_replicas + 1):
-                    n = replicas + extra
-                    if n * tp * pp > max_gpus:
-                        break
-                    fleet = simulate_fleet(traffic, n, config, cost, router)
-                    check = slo.check(fleet.traces)
-                    if check.holds:
-                        break
-                plans.append(
-                    Plan(gpu, tp, pp, n, found.rate, check.holds, n * tp * pp * price, check.ttft, check.tpot,
-                         note=f"{extra} replica(s) more than rate / per-replica rate" if extra else "")
-                )  # fmt: skip
+                plans.append(search.plan(gpu, price, tp, pp, config, cost))
     return sorted(plans, key=lambda p: (not p.holds, p.dollars_per_hour))
+
+
+@dataclass(frozen=True)
+class _ShapeSearch:
+    """What :func:`plan_capacity` asks of every shape (GPU, TP, PP) that starts: its arguments of the same names."""
+
+    make_workload: Callable[[float], Workload]
+    target_rate: float
+    slo: Any
+    router: str
+    headroom: float
+    rate_bracket: tuple[float, float]
+    rel_tol: float
+    max_extra_replicas: int
+    max_gpus: int
+
+    def plan(self, gpu: str, price: float, tp: int, pp: int, config: SimConfig, cost: Any) -> Plan:
+        """The plan for replicas of ``tp x pp`` GPUs of ``gpu`` (``price`` $ per GPU-hour) that run ``config``
+        and ``cost``: the highest rate one replica holds the SLO at, the replicas the target rate calls for,
+        then the fleet that holds it (:meth:`fleet`)."""
+        from course import capacity
+
+        def holds(rate: float) -> bool:
+            return self.slo.holds(simulate(self.make_workload(rate), config, cost).traces)
+
+        found = capacity.highest_rate(holds, *self.rate_bracket, rel_tol=self.rel_tol)
+        if found.rate <= 0:
+            return Plan(gpu, tp, pp, 0, 0.0, False, math.inf, note="holds the SLO at no rate")
+        replicas = capacity.replicas_needed(self.target_rate, found.rate, self.headroom)
+        if replicas * tp * pp > self.max_gpus:
+            return Plan(gpu, tp, pp, replicas, found.rate, False, replicas * tp * pp * price,
+                        note=f"needs more than max_gpus={self.max_gpus} GPUs; not simulated")  # fmt: skip
+        n, extra, check = self.fleet(replicas, tp * pp, config, cost)
+        return Plan(gpu, tp, pp, n, found.rate, check.holds, n * tp * pp * price, check.ttft, check.tpot,
+                    note=f"{extra} replica(s) more than rate / per-replica rate" if extra else "")  # fmt: skip
+
+    def fleet(self, replicas: int, gpus_per_replica: int, config: SimConfig, cost: Any) -> tuple[int, int, Any]:
+        """The whole fleet simulated behind the router at the target rate, from ``replicas`` replicas, one
+        more (up to ``max_extra_replicas``) while it misses the SLO, since a router never splits load as
+        evenly as the division assumes: (replicas, replicas added, the SLO check of the last fleet simulated).
+
+        When the next fleet would exceed ``max_gpus`` the search stops there: the replica count returned is
+        that fleet's, the check the last simulated one's.
+        """
+        traffic = self.make_workload(self.target_rate)
+        for extra in range(self.max_extra_replicas + 1):
+            n = replicas + extra
+            if n * gpus_per_replica > self.max_gpus:
+                break
+            check = self.slo.check(simulate_fleet(traffic, n, config, cost, self.router).traces)
+            if check.holds:
+                break
+        return n, extra, check
 
 
 # --- traffic whose prompts share prefixes across requests ------------------------------------------------

@@ -412,31 +412,10 @@ def run_job_inside(inbox: Path, work: Path, outbox: Path) -> int:
     os.umask(0o077)  # everything nbgrader writes (gradebook, restored notebook) is root-only
     clock = {"start": time.perf_counter()}
     spec = json.loads((inbox / "job.json").read_text())
-    # nbgrader holds the kernel's outputs in memory: bound it too (the kernel lowers its own limit).
-    import resource
-
-    ceiling = max(Limits(**spec["limits"]).memory_bytes, 4 * GiB) + GiB
-    resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _limit_own_memory(spec)
     assignment, student = spec["assignment"], spec["student"]
-    work.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(inbox / "gradebook.db", work / "gradebook.db")
-    (work / "job.json").write_text(json.dumps(spec))
-    (work / "nbgrader_config.py").write_text(CONFIG_TEMPLATE)
-    source = work / "solutions" / assignment
-    source.mkdir(parents=True, exist_ok=True)
-    if (inbox / "extra").is_dir():
-        shutil.copytree(inbox / "extra", source, dirs_exist_ok=True)
-    submitted = work / "submitted" / student / assignment
-    submitted.mkdir(parents=True, exist_ok=True)
-    for name in spec["notebooks"]:
-        shutil.copyfile(inbox / "submitted" / name, submitted / name)
-    if spec.get("timestamp"):
-        (submitted / "timestamp.txt").write_text(spec["timestamp"])
-    os.environ["JUPYTER_PATH"] = str(_kernelspec(spec, work))
-    os.environ["JUPYTER_RUNTIME_DIR"] = str(work / "runtime")
-    os.environ["JUPYTER_CONFIG_DIR"] = str(work / "jupyter-config")
-    os.makedirs(os.environ.get("HOME", "/tmp/home"), exist_ok=True)
+    _build_course(inbox, work, spec)
+    _point_jupyter_at(work, spec)
     # nbgrader runs in this process (importing it twice would cost seconds per student); the host
     # enforces the wall-clock limit by killing the whole sandbox.
     from nbgrader.apps import NbGraderAPI
@@ -451,27 +430,8 @@ def run_job_inside(inbox: Path, work: Path, outbox: Path) -> int:
     outcome = api.autograde(assignment, student, force=True, create=True)
     clock["autograded"] = time.perf_counter()
     (outbox / "nbgrader.log").write_text((outcome.get("log") or "") + "\n" + (outcome.get("error") or ""))
+    autograded, flags = _copy_out_graded(work, outbox, spec)
     status, message = "graded", ""
-    graded_dir = work / "autograded" / student / assignment
-    autograded = {}
-    flags: list[str] = []
-    (outbox / "autograded").mkdir(exist_ok=True)
-    for name in spec["notebooks"]:
-        path = graded_dir / name
-        try:
-            info = os.lstat(path)
-        except OSError:
-            continue
-        # Only a regular file that nbgrader (root) wrote, of sane size: never a link planted by the kernel.
-        if (
-            path.is_file()
-            and not path.is_symlink()
-            and info.st_uid == os.geteuid()
-            and info.st_size < MAX_NOTEBOOK_BYTES
-        ):
-            shutil.copyfile(path, outbox / "autograded" / name)
-            autograded[name] = name
-            flags += _integrity_flags(path, name)
     if len(autograded) < len(spec["notebooks"]):
         status = "failed"
         message = "nbgrader could not grade the notebook; see the grading log"
@@ -493,6 +453,70 @@ def run_job_inside(inbox: Path, work: Path, outbox: Path) -> int:
     }
     (outbox / "result.json").write_text(json.dumps(result))
     return 0
+
+
+def _limit_own_memory(spec: dict) -> None:
+    """Bound this process's address space (no core dumps): nbgrader holds the kernel's outputs in memory
+    (the kernel lowers its own limit to the job's)."""
+    import resource
+
+    ceiling = max(Limits(**spec["limits"]).memory_bytes, 4 * GiB) + GiB
+    resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _build_course(inbox: Path, work: Path, spec: dict) -> None:
+    """The one-student nbgrader course in ``work``: the gradebook, the job, the config, the assignment's
+    extra files and the student's notebooks (with their submission time) from ``inbox``."""
+    assignment, student = spec["assignment"], spec["student"]
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(inbox / "gradebook.db", work / "gradebook.db")
+    (work / "job.json").write_text(json.dumps(spec))
+    (work / "nbgrader_config.py").write_text(CONFIG_TEMPLATE)
+    source = work / "solutions" / assignment
+    source.mkdir(parents=True, exist_ok=True)
+    if (inbox / "extra").is_dir():
+        shutil.copytree(inbox / "extra", source, dirs_exist_ok=True)
+    submitted = work / "submitted" / student / assignment
+    submitted.mkdir(parents=True, exist_ok=True)
+    for name in spec["notebooks"]:
+        shutil.copyfile(inbox / "submitted" / name, submitted / name)
+    if spec.get("timestamp"):
+        (submitted / "timestamp.txt").write_text(spec["timestamp"])
+
+
+def _point_jupyter_at(work: Path, spec: dict) -> None:
+    """Jupyter's paths into ``work``: the grading kernel (:func:`_kernelspec`), its runtime and config."""
+    os.environ["JUPYTER_PATH"] = str(_kernelspec(spec, work))
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(work / "runtime")
+    os.environ["JUPYTER_CONFIG_DIR"] = str(work / "jupyter-config")
+    os.makedirs(os.environ.get("HOME", "/tmp/home"), exist_ok=True)
+
+
+def _copy_out_graded(work: Path, outbox: Path, spec: dict) -> tuple[dict[str, str], list[str]]:
+    """Copy the notebooks nbgrader autograded to ``outbox/autograded``: ({name: name} of those copied, the
+    integrity flags of their scores). A notebook missing or not trusted is left out."""
+    graded_dir = work / "autograded" / spec["student"] / spec["assignment"]
+    autograded = {}
+    flags: list[str] = []
+    (outbox / "autograded").mkdir(exist_ok=True)
+    for name in spec["notebooks"]:
+        path = graded_dir / name
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        # Only a regular file that nbgrader (root) wrote, of sane size: never a link planted by the kernel.
+        if (
+            path.is_file()
+            and not path.is_symlink()
+            and info.st_uid == os.geteuid()
+            and info.st_size < MAX_NOTEBOOK_BYTES
+        ):
+            shutil.copyfile(path, outbox / "autograded" / name)
+            autograded[name] = name
+            flags += _integrity_flags(path, name)
+    return autograded, flags
 
 
 def _integrity_flags(path: Path, name: str) -> list[str]:

@@ -340,21 +340,11 @@ class _ClusterRun:
         self._template_future = self.client.submit(_same, data, key=key, pure=False)
 
     def grade(self, students, progress, keep_jobs, on_result) -> list[JobResult]:
-        from autograder.pipeline import _job_folder, _timestamp, store, student_job
+        from autograder.pipeline import _job_folder, store
 
         jobs_root = Path(tempfile.mkdtemp(prefix=f"autograder-{self.assignment}-"))
         results: dict[str, JobResult] = {}
-        flags_of: dict[str, list[str]] = {}
-        jobs = {}
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(
-                total=len(students),
-                desc=f"grade (cluster {self.client.scheduler.address}, {len(self.good)} workers, sandbox: {self.mode})",
-                unit="student",
-            )
+        bar = self._progress_bar(len(students)) if progress else None
 
         def finish(result: JobResult, timestamp) -> None:
             started = time.perf_counter()
@@ -374,18 +364,7 @@ class _ClusterRun:
         try:
             self._look_at_workers()
             self._submit_template()
-            for student in students:
-                job, flags = student_job(self.course, self.assignment, student, self.template, self.extra, self.limits)
-                flags_of[student] = flags
-                if job is None:
-                    reason = "; ".join(flags) or "no notebook was submitted"
-                    finish(
-                        JobResult(student, "failed", reason, flags=flags),
-                        _timestamp(self.course, self.assignment, student),
-                    )
-                    continue
-                jobs[student] = job
-                pending[student] = self._submit(student, job)
+            jobs, flags_of = self._submit_all(students, pending, finish)
             while pending:
                 try:
                     future = self._done.get(timeout=REFRESH_S)
@@ -395,26 +374,9 @@ class _ClusterRun:
                 student = next((s for s, f in pending.items() if f is future), None)
                 if student is None or student in results:  # a replaced future, or a result already merged
                     continue
-                if future.status == "cancelled":  # the scheduler went away: wait for it, resubmit what is left
-                    self._resume(pending, jobs)
+                result = self._outcome(student, future, pending, jobs, jobs_root)
+                if result is None:  # submitted again: its new future will come
                     continue
-                if future.status == "error":
-                    error = future.exception()
-                    if isinstance(error, WrongVersion):  # a worker changed under the run: never grade there
-                        self.good = {w for w in self.good if w not in str(error)}
-                        self._refresh(pending, jobs, resubmit=[student])
-                        continue
-                    result = JobResult(student, "failed", _failure(error))
-                else:
-                    try:
-                        data = future.result()
-                    except Exception as error:  # noqa: BLE001 (cancelled as it was fetched: the scheduler went)
-                        if future.status == "cancelled" or self.client.status != "running":
-                            self._resume(pending, jobs)
-                            continue
-                        data, result = None, JobResult(student, "failed", _failure(error))
-                    if data is not None:
-                        result = self._result(data, jobs_root / _job_folder(student))
                 del pending[student]
                 result.flags = flags_of[student] + result.flags
                 finish(result, jobs[student].timestamp)
@@ -426,6 +388,59 @@ class _ClusterRun:
             if not keep_jobs:
                 shutil.rmtree(jobs_root, ignore_errors=True)
         return [results[student] for student in students]
+
+    def _progress_bar(self, total: int):
+        from tqdm import tqdm
+
+        return tqdm(
+            total=total,
+            desc=f"grade (cluster {self.client.scheduler.address}, {len(self.good)} workers, sandbox: {self.mode})",
+            unit="student",
+        )
+
+    def _submit_all(self, students, pending: dict, finish) -> tuple[dict, dict[str, list[str]]]:
+        """Submit every student's job (into ``pending``); one with nothing to grade is ``finish``ed as failed
+        at once. Returns (student -> job submitted, student -> the flags their submission raised)."""
+        from autograder.pipeline import _timestamp, student_job
+
+        jobs, flags_of = {}, {}
+        for student in students:
+            job, flags = student_job(self.course, self.assignment, student, self.template, self.extra, self.limits)
+            flags_of[student] = flags
+            if job is None:
+                reason = "; ".join(flags) or "no notebook was submitted"
+                finish(
+                    JobResult(student, "failed", reason, flags=flags),
+                    _timestamp(self.course, self.assignment, student),
+                )
+                continue
+            jobs[student] = job
+            pending[student] = self._submit(student, job)
+        return jobs, flags_of
+
+    def _outcome(self, student: str, future, pending: dict, jobs: dict, jobs_root: Path) -> JobResult | None:
+        """The result ``student``'s finished ``future`` brings, or None when the job was submitted again (the
+        scheduler went away, or the worker changed under the run) and its new future is pending."""
+        from autograder.pipeline import _job_folder
+
+        if future.status == "cancelled":  # the scheduler went away: wait for it, resubmit what is left
+            self._resume(pending, jobs)
+            return None
+        if future.status == "error":
+            error = future.exception()
+            if isinstance(error, WrongVersion):  # a worker changed under the run: never grade there
+                self.good = {w for w in self.good if w not in str(error)}
+                self._refresh(pending, jobs, resubmit=[student])
+                return None
+            return JobResult(student, "failed", _failure(error))
+        try:
+            data = future.result()
+        except Exception as error:  # noqa: BLE001 (cancelled as it was fetched: the scheduler went)
+            if future.status == "cancelled" or self.client.status != "running":
+                self._resume(pending, jobs)
+                return None
+            return JobResult(student, "failed", _failure(error))
+        return self._result(data, jobs_root / _job_folder(student))
 
     @staticmethod
     def _result(data: dict, folder: Path) -> JobResult:

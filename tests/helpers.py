@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import io
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -216,6 +217,37 @@ def damage(nb, spec: str):
         elif kind not in ZIP_DAMAGE and kind != "blank":
             raise ValueError(f"unknown damage {item!r}")
     return nb
+
+
+def m1_release():
+    """Module 1's released student notebook (``modules/``), as a learner downloads it."""
+    return notebooks.read(REPO_ROOT / "modules" / M1_ASSIGNMENT / M1_NOTEBOOK)
+
+
+def m1_course(tmp_path: Path, nbgrader_config: bool = False) -> Path:
+    """A course folder in ``tmp_path`` with module 1's release in ``modules/``; with ``nbgrader_config``, also
+    the ``nbgrader_config.py`` that nbgrader's own commands (and the plugins they load) read."""
+    root = tmp_path / "course"
+    shutil.copytree(REPO_ROOT / "modules" / M1_ASSIGNMENT, root / "modules" / M1_ASSIGNMENT)
+    if nbgrader_config:
+        (root / "nbgrader_config.py").write_text(
+            "from autograder.config import configure\n\nconfigure(get_config(), root=__file__.rsplit('/', 1)[0])\n"
+        )
+    return root
+
+
+def notebook_bytes(nb) -> bytes:
+    """A notebook as the bytes of its ``.ipynb`` file."""
+    return nbformat.writes(nb).encode()
+
+
+def zip_with_times(files: list[tuple[str, bytes, tuple]], compression=zipfile.ZIP_DEFLATED) -> bytes:
+    """A zip whose members carry the given (year, month, day, hour, minute, second) times, in order."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression) as archive:
+        for name, content, when in files:
+            archive.writestr(zipfile.ZipInfo(name, date_time=when), content, compress_type=compression)
+    return buffer.getvalue()
 
 
 def corrupt_member(data: bytes, name: str) -> bytes:

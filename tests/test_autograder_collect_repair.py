@@ -11,35 +11,26 @@ import os
 import re
 import shutil
 import zipfile
-from pathlib import Path
 
 import nbformat
 import pytest
-from helpers import corrupt_member
+from helpers import M1_ASSIGNMENT, M1_NOTEBOOK, corrupt_member, m1_course, m1_release, notebook_bytes, zip_with_times
 
 from autograder import notebooks, repair
 from autograder.collect import collect, compile_pattern, find_student, student_id
 from autograder.course_dir import Course
 
-ROOT = Path(__file__).resolve().parents[1]
-ASSIGNMENT = "m1_prefill_decode"
-NAME = "prefill_decode.ipynb"
+ASSIGNMENT, NAME = M1_ASSIGNMENT, M1_NOTEBOOK  # the release these tests collect and repair
 
 
 @pytest.fixture(scope="module")
 def release():
-    return notebooks.read(ROOT / "modules" / ASSIGNMENT / NAME)
+    return m1_release()
 
 
 @pytest.fixture
 def course_root(tmp_path):
-    root = tmp_path / "course"
-    shutil.copytree(ROOT / "modules" / ASSIGNMENT, root / "modules" / ASSIGNMENT)
-    return root
-
-
-def as_bytes(nb) -> bytes:
-    return nbformat.writes(nb).encode()
+    return m1_course(tmp_path)
 
 
 def make_zip(files: dict[str, bytes]) -> bytes:
@@ -65,10 +56,10 @@ def test_moodle_zip_with_renamed_notebooks(course_root, release, tmp_path):
     download.write_bytes(
         make_zip(
             {
-                "Jane Doe_12345_assignsubmission_file_/Copy of prefill_decode.ipynb": as_bytes(release),
-                "Jöhn Smith_67890_assignsubmission_file_/prefill_decode (1).ipynb": as_bytes(strip(release)),
+                "Jane Doe_12345_assignsubmission_file_/Copy of prefill_decode.ipynb": notebook_bytes(release),
+                "Jöhn Smith_67890_assignsubmission_file_/prefill_decode (1).ipynb": notebook_bytes(strip(release)),
                 "Ann Lee_11111_assignsubmission_file_/notes.pdf": b"%PDF-1.4",
-                "Ann Lee_11111_assignsubmission_file_/Untitled3.ipynb": as_bytes(release),
+                "Ann Lee_11111_assignsubmission_file_/Untitled3.ipynb": notebook_bytes(release),
             }
         )
     )
@@ -88,24 +79,24 @@ def test_moodle_zip_with_renamed_notebooks(course_root, release, tmp_path):
 def test_canvas_names_and_late_flag(course_root, release, tmp_path):
     folder = tmp_path / "canvas"
     folder.mkdir()
-    (folder / "doejane_12345_6789012_prefill_decode-1.ipynb").write_bytes(as_bytes(release))
-    (folder / "smithjohn_LATE_67890_1234_Copy of prefill_decode.ipynb").write_bytes(as_bytes(release))
+    (folder / "doejane_12345_6789012_prefill_decode-1.ipynb").write_bytes(notebook_bytes(release))
+    (folder / "smithjohn_LATE_67890_1234_Copy of prefill_decode.ipynb").write_bytes(notebook_bytes(release))
     report = collect(folder, course_root, [ASSIGNMENT], "canvas")
     assert sorted(e.student for e in report.collected) == ["doejane_12345", "smithjohn_67890"]
 
 
 def test_custom_pattern_nested_zip_and_newest_duplicate(course_root, release, tmp_path):
-    inner = make_zip({"prefill_decode.ipynb": as_bytes(release)})
+    inner = make_zip({"prefill_decode.ipynb": notebook_bytes(release)})
     download = tmp_path / "class.zip"
-    files = {"s1234567-week1.zip": inner, "s7654321-week1/prefill_decode.ipynb": as_bytes(release)}
+    files = {"s1234567-week1.zip": inner, "s7654321-week1/prefill_decode.ipynb": notebook_bytes(release)}
     download.write_bytes(make_zip(files))
     folder = tmp_path / "folder"
     folder.mkdir()
     shutil.copy(download, folder / "class.zip")
     old, new = folder / "s7654321-old.ipynb", folder / "s7654321-new.ipynb"
-    old.write_bytes(as_bytes(release))
+    old.write_bytes(notebook_bytes(release))
     empty_quiz = "# EXERCISE: ex1_4\ndef quiz_answers():\n    return {}"
-    new.write_bytes(as_bytes(notebooks.with_answers(release, {"ex1_4": empty_quiz})))
+    new.write_bytes(notebook_bytes(notebooks.with_answers(release, {"ex1_4": empty_quiz})))
     os.utime(old, (1_000_000_000, 1_000_000_000))
     report = collect(folder, course_root, [ASSIGNMENT], r"(?P<student>s\d{7})-")
     assert sorted(e.student for e in report.collected) == ["s1234567", "s7654321"]
@@ -119,10 +110,10 @@ def test_unmatched_files_are_reported_with_reasons(course_root, release, tmp_pat
     folder = tmp_path / "in"
     (folder / "amy").mkdir(parents=True)
     (folder / "amy" / "prefill_decode.ipynb").write_text('{"cells": [')
-    (folder / "amy" / "holiday.ipynb").write_bytes(as_bytes(unrelated))
-    (folder / "loose.ipynb").write_bytes(as_bytes(release))
+    (folder / "amy" / "holiday.ipynb").write_bytes(notebook_bytes(unrelated))
+    (folder / "loose.ipynb").write_bytes(notebook_bytes(release))
     (folder / "bob").mkdir()
-    (folder / "bob" / "prefill_decode.ipynb").write_bytes(as_bytes(unrelated))  # no markers, but the right name
+    (folder / "bob" / "prefill_decode.ipynb").write_bytes(notebook_bytes(unrelated))  # no markers, but the right name
     report = collect(folder, course_root, [ASSIGNMENT], "folder")
     reasons = {e.source: e.reason for e in report.unmatched}
     assert "not valid notebook JSON" in reasons["amy/prefill_decode.ipynb"]
@@ -242,15 +233,6 @@ def test_unreadable_files_say_why():
 # --- a damaged class never stops collect or repair ---------------------------------------------
 
 
-def zip_with_times(files: list[tuple[str, bytes, tuple]], compression=zipfile.ZIP_DEFLATED) -> bytes:
-    """A zip whose members carry the given (year, month, day, hour, minute, second) times, in order."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression) as archive:
-        for name, content, when in files:
-            archive.writestr(zipfile.ZipInfo(name, date_time=when), content, compress_type=compression)
-    return buffer.getvalue()
-
-
 def malformed(release, kind: str) -> bytes:
     """A notebook that is valid JSON but has one malformed part (the shapes the issue lists)."""
     data = json.loads(nbformat.writes(release))
@@ -274,7 +256,7 @@ def test_malformed_but_mendable_notebooks_are_collected_and_repaired(course_root
     from autograder.pipeline import repair_submissions
 
     download = tmp_path / "class.zip"
-    download.write_bytes(make_zip({f"amy/{NAME}": malformed(release, kind), f"bob/{NAME}": as_bytes(release)}))
+    download.write_bytes(make_zip({f"amy/{NAME}": malformed(release, kind), f"bob/{NAME}": notebook_bytes(release)}))
     report = collect(download, course_root, [ASSIGNMENT], "folder")
     assert sorted(e.student for e in report.collected) == ["amy", "bob"]
     done = repair_submissions(Course(course_root), ASSIGNMENT)
@@ -288,7 +270,7 @@ def test_malformed_but_mendable_notebooks_are_collected_and_repaired(course_root
 def test_unreadable_notebooks_are_listed_and_their_students_marked_for_manual_grading(course_root, release, tmp_path):
     from autograder.course_dir import Course
 
-    good = as_bytes(release)
+    good = notebook_bytes(release)
     files = [
         (f"amy/{NAME}", malformed(release, "cells-object"), (2026, 1, 1, 9, 0, 0)),
         (f"bob/{NAME}", good, (2026, 1, 1, 9, 0, 0)),
@@ -315,9 +297,9 @@ def test_unreadable_notebooks_are_listed_and_their_students_marked_for_manual_gr
 def test_every_entry_of_the_archive_is_in_the_report(course_root, release, tmp_path):
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr(f"amy/{NAME}", as_bytes(release))
-        archive.writestr("../escape/prefill_decode.ipynb", as_bytes(release))
-        archive.writestr(f".hidden/{NAME}", as_bytes(release))
+        archive.writestr(f"amy/{NAME}", notebook_bytes(release))
+        archive.writestr("../escape/prefill_decode.ipynb", notebook_bytes(release))
+        archive.writestr(f".hidden/{NAME}", notebook_bytes(release))
         archive.writestr(f"__MACOSX/amy/._{NAME}", b"\x00\x05")
         archive.writestr("bob/empty.zip", make_zip({}))
         archive.writestr("cat/", b"")
@@ -342,7 +324,7 @@ def test_every_entry_of_the_archive_is_in_the_report(course_root, release, tmp_p
 def test_a_folder_input_never_follows_symlinks(course_root, release, tmp_path):
     solutions = tmp_path / "solutions"
     solutions.mkdir()
-    (solutions / NAME).write_bytes(as_bytes(release))
+    (solutions / NAME).write_bytes(notebook_bytes(release))
     folder = tmp_path / "in"
     (folder / "amy").mkdir(parents=True)
     (folder / "amy" / NAME).symlink_to(solutions / NAME)
@@ -386,7 +368,7 @@ def test_repair_never_stops_the_class(course_root, release, tmp_path, monkeypatc
     folder = tmp_path / "in"
     for student in ("amy", "bob"):
         (folder / student).mkdir(parents=True)
-        (folder / student / NAME).write_bytes(as_bytes(release))
+        (folder / student / NAME).write_bytes(notebook_bytes(release))
     collect(folder, course_root, [ASSIGNMENT], "folder")
     real = repair.repair
     course = Course(course_root)
@@ -413,7 +395,7 @@ def test_repair_never_stops_the_class(course_root, release, tmp_path, monkeypatc
 def test_ids_keep_lms_user_ids_unicode_case_and_length(course_root, release, tmp_path):
     long_a, long_b = "x" * 70 + "a", "x" * 70 + "b"
     download = tmp_path / "class.zip"
-    nb = as_bytes(release)
+    nb = notebook_bytes(release)
     download.write_bytes(
         make_zip(
             {
@@ -443,8 +425,8 @@ def test_ids_keep_lms_user_ids_unicode_case_and_length(course_root, release, tmp
 
 
 def test_blackboard_and_gradescope_exports(course_root, release, tmp_path):
-    nb = as_bytes(release)
-    answered = as_bytes(
+    nb = notebook_bytes(release)
+    answered = notebook_bytes(
         notebooks.with_answers(release, {"ex1_4": "# EXERCISE: ex1_4\ndef quiz_answers():\n    return {}"})
     )
     blackboard = tmp_path / "bb.zip"
@@ -489,7 +471,10 @@ def test_a_tie_is_reported_never_resolved_by_zip_order(course_root, release, tmp
     from autograder.course_dir import Course
 
     same = (2026, 11, 30, 23, 59, 58)
-    files = {"a": (f"amy/{NAME}", as_bytes(release), same), "b": (f"amy/Copy of {NAME}", as_bytes(release), same)}
+    files = {
+        "a": (f"amy/{NAME}", notebook_bytes(release), same),
+        "b": (f"amy/Copy of {NAME}", notebook_bytes(release), same),
+    }
     download = tmp_path / "class.zip"
     download.write_bytes(zip_with_times([files[key] for key in order]))
     report = collect(download, course_root, [ASSIGNMENT], "folder")
@@ -517,7 +502,7 @@ def _blank_and_correct(release):
     """Two different files of the notebook (the second stands for a worked one)."""
     worked = copy.deepcopy(release)
     worked.metadata["worked"] = True
-    return as_bytes(release), as_bytes(worked)
+    return notebook_bytes(release), notebook_bytes(worked)
 
 
 @pytest.mark.parametrize("kind", sorted(LOOK_ALIKES))

@@ -20,14 +20,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import M1_ASSIGNMENT, M1_NOTEBOOK, REPO_ROOT, m1_course, m1_release, notebook_bytes, zip_with_times
 
 from autograder import cli, notebooks, plugins
 from autograder.collect import collect, compile_pattern, find_student
 from autograder.config import nbgrader_config
 
-ROOT = Path(__file__).resolve().parents[1]
-ASSIGNMENT = "m1_prefill_decode"
-NAME = "prefill_decode.ipynb"
+ASSIGNMENT, NAME = M1_ASSIGNMENT, M1_NOTEBOOK  # the release these tests collect
 OLDER, NEWER = (2026, 11, 29, 8, 0, 0), (2026, 11, 30, 22, 10, 6)  # zip times have 2 s resolution
 GRADESCOPE_YML = (
     "submission_101:\n  :submitters:\n  - :name: Jane Doe\n    :sid: '2026001'\n    :email: jane@uni.edu\n"
@@ -37,36 +36,19 @@ GRADESCOPE_YML = (
 
 @pytest.fixture(scope="module")
 def release():
-    return notebooks.read(ROOT / "modules" / ASSIGNMENT / NAME)
+    return m1_release()
 
 
 @pytest.fixture
 def course_root(tmp_path):
-    import shutil
-
-    root = tmp_path / "course"
-    shutil.copytree(ROOT / "modules" / ASSIGNMENT, root / "modules" / ASSIGNMENT)
-    (root / "nbgrader_config.py").write_text(
-        "from autograder.config import configure\n\nconfigure(get_config(), root=__file__.rsplit('/', 1)[0])\n"
-    )
-    return root
-
-
-def as_bytes(nb) -> bytes:
-    return nbformat.writes(nb).encode()
+    return m1_course(tmp_path, nbgrader_config=True)
 
 
 def answered(release) -> bytes:
     """Another (worked) version of the notebook, so which file was kept can be told apart."""
-    return as_bytes(notebooks.with_answers(release, {"ex1_4": "# EXERCISE: ex1_4\ndef quiz_answers():\n    return {}"}))
-
-
-def zip_with_times(files: list[tuple[str, bytes, tuple]]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, content, when in files:
-            archive.writestr(zipfile.ZipInfo(name, date_time=when), content)
-    return buffer.getvalue()
+    return notebook_bytes(
+        notebooks.with_answers(release, {"ex1_4": "# EXERCISE: ex1_4\ndef quiz_answers():\n    return {}"})
+    )
 
 
 def zip_collect_app(root: Path, extractor=plugins.CourseExtractor):
@@ -137,7 +119,7 @@ def test_each_preset_plugin_gives_the_student_notebook_and_time_of_autograder_co
     course_root, release, tmp_path, pattern
 ):
     files, students = DOWNLOADS[pattern]
-    members = [(name, as_bytes(release), when) for name, when in files]
+    members = [(name, notebook_bytes(release), when) for name, when in files]
     if pattern == "gradescope":
         members.append(("assignment_9_export/submission_metadata.yml", GRADESCOPE_YML.encode(), OLDER))
     download = tmp_path / "download.zip"
@@ -162,9 +144,9 @@ def test_without_the_course_extractor_only_the_lms_time_is_returned(course_root,
     app = zip_collect_app(course_root, extractor=ExtractorPlugin)
     extracted = course_root / "downloaded" / ASSIGNMENT / "extracted" / "canvas"
     extracted.mkdir(parents=True)
-    (extracted / "doejane_12345_6789012_Copy of prefill_decode.ipynb").write_bytes(as_bytes(release))
+    (extracted / "doejane_12345_6789012_Copy of prefill_decode.ipynb").write_bytes(notebook_bytes(release))
     board = extracted / "Module 1_jdoe7_attempt_2026-11-30-22-10-05_x.ipynb"
-    board.write_bytes(as_bytes(release))
+    board.write_bytes(notebook_bytes(release))
     info = plugins.AutoCollector(parent=app).collect(
         str(extracted / "doejane_12345_6789012_Copy of prefill_decode.ipynb")
     )
@@ -180,10 +162,10 @@ def test_the_plugin_skips_what_autograder_collect_skips(course_root, release, tm
     (extracted / "amy" / NAME).write_text('{"cells": [')
     unrelated = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('hello')")])
     (extracted / "bob").mkdir()
-    (extracted / "bob" / "holiday.ipynb").write_bytes(as_bytes(unrelated))
+    (extracted / "bob" / "holiday.ipynb").write_bytes(notebook_bytes(unrelated))
     (extracted / "bob" / "notes.pdf").write_bytes(b"%PDF-1.4")
     (extracted / "cat").mkdir()
-    (extracted / "cat" / NAME).symlink_to(ROOT / "solutions" / ASSIGNMENT / NAME)
+    (extracted / "cat" / NAME).symlink_to(REPO_ROOT / "solutions" / ASSIGNMENT / NAME)
     # nbgrader's own logger does not propagate (traitlets): a plain one that pytest's caplog sees
     collector = plugins.FolderCollector(parent=app, log=logging.getLogger("zip_collect"))
     with caplog.at_level("WARNING"):
@@ -199,8 +181,8 @@ def test_the_plugin_skips_what_autograder_collect_skips(course_root, release, tm
 def test_the_course_extractor_reads_hostile_zips_as_collect_does(course_root, release, tmp_path):
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr(zipfile.ZipInfo(f"amy/{NAME}", date_time=OLDER), as_bytes(release))
-        archive.writestr("../escape/prefill_decode.ipynb", as_bytes(release))
+        archive.writestr(zipfile.ZipInfo(f"amy/{NAME}", date_time=OLDER), notebook_bytes(release))
+        archive.writestr("../escape/prefill_decode.ipynb", notebook_bytes(release))
         archive.writestr(f"__MACOSX/amy/._{NAME}", b"\x00\x05")
         archive.writestr("amy/notes.pdf", b"%PDF-1.4")
         link = zipfile.ZipInfo(f"dan/{NAME}")
@@ -232,8 +214,8 @@ def test_plain_nbgrader_zip_collect_with_the_course_plugins(course_root, release
         zip_with_times(
             [
                 (f"{moodle}/Copy of {NAME}", answered(release), NEWER),  # renamed, newer: this one counts
-                (f"{moodle}/{NAME}", as_bytes(release), OLDER),
-                ("Ann Lee_11111_assignsubmission_file_/Untitled3.ipynb", as_bytes(release), OLDER),
+                (f"{moodle}/{NAME}", notebook_bytes(release), OLDER),
+                ("Ann Lee_11111_assignsubmission_file_/Untitled3.ipynb", notebook_bytes(release), OLDER),
                 (f"{moodle}/notes.pdf", b"%PDF-1.4", OLDER),
                 (f"__MACOSX/{moodle}/._{NAME}", b"\x00\x05", OLDER),
             ]
@@ -265,7 +247,7 @@ def test_plain_nbgrader_zip_collect_with_the_course_plugins(course_root, release
     canvas = course_root / "downloaded" / "canvas"
     (canvas / ASSIGNMENT / "archive").mkdir(parents=True)
     (canvas / ASSIGNMENT / "archive" / "canvas.zip").write_bytes(
-        zip_with_times([(f"doejane_12345_6789012_Copy of {NAME}", as_bytes(release), OLDER)])
+        zip_with_times([(f"doejane_12345_6789012_Copy of {NAME}", notebook_bytes(release), OLDER)])
     )
     done = nbgrader(
         "zip_collect", ASSIGNMENT, "--ZipCollectApp.downloaded_directory=downloaded/canvas", cwd=course_root
@@ -381,7 +363,7 @@ def test_autograder_collect_reuses_an_instructors_own_nbgrader_plugin(course_roo
     folder = tmp_path / "in"
     folder.mkdir()
     for name in ("amy_prefill_decode.ipynb", f"bob_Copy of {NAME}", "Zoë Smith_x.ipynb"):
-        (folder / name).write_bytes(as_bytes(release))
+        (folder / name).write_bytes(notebook_bytes(release))
     (folder / "notes.pdf").write_bytes(b"%PDF-1.4")
     report = collect(folder, course_root, [ASSIGNMENT], "nbgrader.plugins.FileNameCollectorPlugin")
     got = sorted((e.student, e.notebook) for e in report.collected)

@@ -65,7 +65,8 @@ def forbid_reference(*modules: ModuleType) -> Iterator[None]:
 
     def watch(frame, event, arg):  # sys.setprofile hook
         if event == "call" and frame.f_code.co_filename in files and not called:
-            called.append(f"{Path(frame.f_code.co_filename).stem}.{frame.f_code.co_name}")
+            module = frame.f_globals.get("__name__") or Path(frame.f_code.co_filename).stem
+            called.append(f"{module}.{frame.f_code.co_name}")
 
     previous, previous_threads = sys.getprofile(), threading.getprofile()
     sys.setprofile(watch)
@@ -77,7 +78,7 @@ def forbid_reference(*modules: ModuleType) -> Iterator[None]:
         threading.setprofile(previous_threads)
     if called:
         raise AssertionError(
-            f"Your answer calls the course's reference implementation (course.{called[0]}). "
+            f"Your answer calls the course's reference implementation ({called[0]}). "
             "Compute the result in your own code; the library's version is there for later modules."
         )
 

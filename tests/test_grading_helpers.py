@@ -157,3 +157,10 @@ def test_passing_test_cells_say_so_and_failing_ones_do_not(capsys):
     assert capsys.readouterr().out.strip() == "✓ ex9_9_noisy passed", "stderr does not fail a test in this course"
     shell.run_cell("# TEST: ex9_9_stub\nraise NotImplementedError()\n")
     assert "passed" not in capsys.readouterr().out
+
+
+def test_forbid_reference_names_a_subpackage_module_by_its_full_name():
+    from course.sim import rules
+
+    with pytest.raises(AssertionError, match=r"\(course\.sim\.rules\.chunk_size\)"), forbid_reference(rules):
+        rules.chunk_size(10, 4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -257,3 +258,14 @@ def test_cli_capacity_search(capsys):
     assert "give --slo-ttft-ms and --slo-tpot-ms" in capsys.readouterr().err
     assert main([*args, *plan[:2], "--plan-tp", "1,x", "--slo-ttft-ms", "1", "--slo-tpot-ms", "1"]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_a_fleet_stopped_by_the_gpu_limit_reports_the_last_fleet_it_simulated():
+    class NeverHolds:  # an SLO no fleet holds, so the search adds replicas until the limit stops it
+        def check(self, traces):
+            return SimpleNamespace(holds=False, ttft=9.0, tpot=9.0)
+
+    search = F._ShapeSearch(lambda rate: at(0.0, 0.1), 1.0, NeverHolds(), "round-robin", 0.0, (0.5, 8.0), 0.1,
+                            max_extra_replicas=2, max_gpus=3)  # fmt: skip
+    n, extra, check = search.fleet(2, 1, SimConfig(max_num_seqs=4, num_blocks=64), ONE_SECOND_PER_STEP)
+    assert (n, extra) == (3, 1) and not check.holds  # 4 replicas would need 4 GPUs: not simulated, not reported

@@ -458,14 +458,15 @@ class _ShapeSearch:
         more (up to ``max_extra_replicas``) while it misses the SLO, since a router never splits load as
         evenly as the division assumes: (replicas, replicas added, the SLO check of the last fleet simulated).
 
-        When the next fleet would exceed ``max_gpus`` the search stops there: the replica count returned is
-        that fleet's, the check the last simulated one's.
+        When the next fleet would exceed ``max_gpus`` the search stops at the last fleet simulated (``replicas``
+        fit ``max_gpus``: :meth:`plan` checks that first), so the count, its price and its check belong together.
         """
         traffic = self.make_workload(self.target_rate)
-        for extra in range(self.max_extra_replicas + 1):
-            n = replicas + extra
-            if n * gpus_per_replica > self.max_gpus:
+        n, extra, check = replicas, 0, None
+        for more in range(self.max_extra_replicas + 1):
+            if (replicas + more) * gpus_per_replica > self.max_gpus:
                 break
+            n, extra = replicas + more, more
             check = self.slo.check(simulate_fleet(traffic, n, config, cost, self.router).traces)
             if check.holds:
                 break

@@ -72,12 +72,6 @@ def datasheet_for(device_name: str) -> hardware.HardwareSpec | None:
     return None
 
 
-# Decode steps timed per batch size in a sweep (the fastest counts), in quick and full mode: course.phases'
-# defaults, passed to the phase measurement and to the static-cache sweep so that both time the same steps.
-# (A phase timing's ``n`` counts the interleaved rounds, not the steps.)
-DECODE_STEPS = {True: 4, False: 8}
-
-
 def notebooks() -> list[Path]:
     return sorted((ROOT / "solutions").glob("*/*.ipynb"))
 
@@ -96,7 +90,7 @@ def module1_figures(device: str, quick: bool, tiny: bool) -> dict:
     from course.models import build_tiny_model, load_phase_model
 
     lm = build_tiny_model(device=device) if tiny else load_phase_model(device=device)
-    steps = DECODE_STEPS[quick]
+    steps = phases.STEPS[quick]  # both sweeps time the same steps (a phase timing's n counts rounds, not steps)
     figures = phases.measure_phases(lm, quick=quick, steps=steps)
     result = figures.to_dict()
     result["model_source"] = lm.source

@@ -643,8 +643,9 @@ def build_prose_model(
     to each position as it comes, so a longer context gives the same outputs for the positions both
     allow (tests/test_prose_model.py checks it). What the model has learnt does not stretch with it: it
     was trained on ``PROSE_TRAINING["seq_len"]`` (64) token windows, and its held-out perplexity rises
-    past them (measured with transformers 5.24, torch 2.13 on a CPU: about 95 in the first 64
-    positions, 160 at positions 64-511 and 185 at 512-2,047; chance is the vocabulary, 2,048).
+    past them (the weights shipped on 2026-12-03, measured with transformers 5.24, torch 2.13 on a CPU:
+    about 131 in the first 64 positions, 167 at positions 64-511 and 192 at 512-2,047; chance is the
+    vocabulary, 2,048).
     """
     import torch
     from transformers import LlamaForCausalLM

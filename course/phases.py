@@ -58,6 +58,7 @@ LONG_PROMPT = 512  # prefill at or above this many tokens should be compute-boun
 # default two missed them (benchmarks/RESULTS.md, benchmarks/phases.py). The roofs are measured with the same count.
 CPU_THREADS = 1
 ROUNDS = {True: 3, False: 5}  # interleaved rounds of roofs and phases: quick mode, full mode (the noise check needs 5)
+STEPS = {True: 4, False: 5}  # decode steps timed per batch size in each round (the fastest counts): quick, full
 
 # Quick mode (tests, autograding) runs the phase measurements on a smaller model of the same kind:
 # 8 layers at hidden size 512 (39 M parameters, 157 MB of fp32 weights, five times a 32 MiB
@@ -448,7 +449,7 @@ def measure_phases(
     if path is not None:
         kernels.use_kernel_path(lm.model, path)
     batches, lengths = list(batch_sizes or default_batches), list(prompt_lengths or default_lengths)
-    steps = (4 if quick else 5) if steps is None else steps  # each time is the fastest of them
+    steps = STEPS[quick] if steps is None else steps
     rounds = ROUNDS[quick] if rounds is None else rounds
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps must be >= 1, got {rounds} and {steps}")

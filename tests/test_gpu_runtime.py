@@ -11,6 +11,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_runtime  # noqa: E402
 import pytest  # noqa: E402
 
+from course import phases  # noqa: E402
+
 
 def test_dry_run_reads_every_notebook_and_measures_module1_figures(tmp_path):
     out = tmp_path / "dry.json"
@@ -30,7 +32,7 @@ def test_dry_run_reads_every_notebook_and_measures_module1_figures(tmp_path):
     assert set(m1["decode_steps_static_eager"]) == set(m1["decode_steps"])
     # Each static-cache timing counts the steps every sweep times per batch, not the eager figures' rounds
     # (quick mode: 4 steps, 3 rounds): a timing's n of the eager sweep is the rounds' count.
-    steps = gpu_runtime.DECODE_STEPS[True]
+    steps = phases.STEPS[True]
     assert m1["decode_steps_per_sweep"] == steps != m1["rounds"]
     assert all(t["n"] == m1["rounds"] for t in m1["decode_steps"].values())
     assert all(t["n"] == steps for t in m1["decode_steps_static_eager"].values())

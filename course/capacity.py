@@ -397,7 +397,21 @@ def _raise_failures(traces: Sequence[RequestTrace], what: str) -> None:
 
 # --- KV-cache quantization ----------------------------------------------------------------------
 
-KV_SCHEMES = ("int8", "int4", "fp8")
+# vLLM's --kv-cache-dtype names (vllm/config/cache.py, CacheDType), as module 4 and `course kv` use them.
+KV_SCHEMES = ("int8_per_token_head", "int4_per_token_head", "fp8")
+
+
+def kv_scheme(name: str) -> str:
+    """The :data:`KV_SCHEMES` name of ``name``, which may also be the course's earlier short name ("int8", "int4")."""
+    from course.kv.dtypes import get_kv_dtype
+
+    try:
+        scheme = get_kv_dtype(name).name
+    except ValueError:
+        scheme = name
+    if scheme not in KV_SCHEMES:
+        raise ValueError(f"scheme must be one of {', '.join(KV_SCHEMES)} (or int8, int4); got {name!r}")
+    return scheme
 
 
 def quantize_kv(x, scheme: str):
@@ -405,19 +419,19 @@ def quantize_kv(x, scheme: str):
 
     x: (batch, kv_heads, tokens, head_dim) keys or values.
 
-    * "int8" / "int4": symmetric integers with one scale per cached vector (one head of one token),
-      ``scale = max|x| / 127`` (int4: 7), values rounded and clipped; the per-token, per-head
-      granularity of LMDeploy's online KV quantization (without its zero point).
+    * "int8_per_token_head" / "int4_per_token_head" ("int8" / "int4" also work): symmetric integers
+      with one scale per cached vector (one head of one token), ``scale = max|x| / 127`` (int4: 7),
+      values rounded and clipped; the per-token, per-head granularity of LMDeploy's online KV
+      quantization (without its zero point).
     * "fp8": float8 e4m3 with a scale of 1.0, what vLLM's ``kv_cache_dtype="fp8"`` uses when no
       calibrated scales are given (values beyond +-448 saturate).
     """
     import torch
 
-    if scheme not in KV_SCHEMES:
-        raise ValueError(f"scheme must be one of {', '.join(KV_SCHEMES)}; got {scheme!r}")
+    scheme = kv_scheme(scheme)
     if scheme == "fp8":
         return x.clamp(-448, 448).to(torch.float8_e4m3fn).to(x.dtype)
-    levels = 127 if scheme == "int8" else 7
+    levels = 127 if scheme == "int8_per_token_head" else 7
     scale = x.abs().amax(dim=-1, keepdim=True) / levels
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero vector stays zero
     return (torch.round(x / safe).clamp(-levels, levels) * safe).to(x.dtype)
@@ -428,7 +442,7 @@ class QuantizationQuality:
     """Predictions of one model with a quantized KV cache against the same model without.
 
     Attributes:
-        scheme: "none", "int8", "int4" or "fp8".
+        scheme: "none" or a :data:`KV_SCHEMES` name ("int8_per_token_head", "int4_per_token_head", "fp8").
         perplexity: exp(mean negative log-likelihood) of the held-out tokens.
         agreement: fraction of positions where the top-1 next token equals the unquantized cache's.
         tokens: positions scored.
@@ -472,7 +486,7 @@ def kv_quantization_quality(
         raise ValueError(f"the text has {len(ids)} tokens; give at least one window of {window} to score")
     windows = ids[: count * window].view(count, window)  # one batch row per window: (windows, window)
     quantizers: dict[str, Callable | None] = {"none": None}
-    quantizers.update({scheme: functools.partial(quantize_kv, scheme=scheme) for scheme in schemes})
+    quantizers.update({kv_scheme(s): functools.partial(quantize_kv, scheme=kv_scheme(s)) for s in schemes})
     quantizers.update(custom or {})
     results = []
     reference_top = None

@@ -147,10 +147,10 @@ def test_kv_quantization_quality_on_the_tiny_model():
     lm = build_tiny_model()
     text = "def add(a, b):\n    return a + b\n" * 12
     scores = {q.scheme: q for q in capacity.kv_quantization_quality(lm, text, chunk=8, window=32)}
-    assert set(scores) == {"none", "int8", "int4", "fp8"}
+    assert set(scores) == {"none", "int8_per_token_head", "int4_per_token_head", "fp8"}  # vLLM's names
     assert scores["none"].agreement == 1.0
     assert all(math.isfinite(q.perplexity) and q.tokens == scores["none"].tokens for q in scores.values())
-    assert scores["int8"].agreement >= scores["int4"].agreement
+    assert scores["int8_per_token_head"].agreement >= scores["int4_per_token_head"].agreement
     with pytest.raises(ValueError, match="at least"):
         capacity.kv_quantization_quality(lm, "short", chunk=8, window=32)
     mine = capacity.kv_quantization_quality(lm, text, schemes=(), chunk=8, window=32, custom={"same": lambda x: x})
@@ -198,3 +198,12 @@ def test_decode_sample_leaves_the_gaps_that_hold_a_prefill_out_of_the_spread():
     assert len(sample.deviations) == 2 * 8 + 3  # 9 gaps each in a's and b's second half, one left out; c's 3
     assert max(sample.deviations) - min(sample.deviations) == pytest.approx(0.0, abs=1e-9)
     assert sample.seconds > 0.0045  # the step time itself still includes it (the mean gap of the wave)
+
+
+def test_kv_schemes_take_vllms_names_and_the_short_ones():
+    x = torch.randn(1, 2, 3, 8)
+    for short, vllm_name in (("int8", "int8_per_token_head"), ("int4", "int4_per_token_head")):
+        assert torch.equal(capacity.quantize_kv(x, short), capacity.quantize_kv(x, vllm_name))
+        assert capacity.kv_scheme(short) == vllm_name
+    with pytest.raises(ValueError, match="int8_per_token_head, int4_per_token_head, fp8"):
+        capacity.kv_scheme("bf16")

@@ -167,15 +167,26 @@ def noise_verdict(rounds: list[list[StepSample]], load_per_core: float | None) -
     """Whether the machine was quiet enough for the errors to measure the simulator: how far the
     calibration rounds' medians of one microbenchmark lie apart, and the load per core after the run."""
     widest = 0.0
+    facts = "one calibration round (no spread across rounds)"
     if len(rounds) > 1:
-        widest = max(noise.relative_spread(noise.Spread.of([s.seconds for s in same])) for same in zip(*rounds))
-    facts = f"the calibration rounds differ by up to {widest:.0%} on one microbenchmark" if len(rounds) > 1 else (
-        "one calibration round (no spread across rounds)")  # fmt: skip
+        spreads = [(noise.relative_spread(noise.Spread.of([s.seconds for s in same])), same) for same in zip(*rounds)]
+        widest, same = max(spreads, key=lambda pair: pair[0])
+        each = ", ".join(f"{s.seconds * 1e3:.2f}" for s in same)
+        facts = (
+            f"the calibration rounds differ by up to {widest:.0%} on one microbenchmark, {_named(same[0])} ({each} ms)"
+        )
     load = "unknown" if load_per_core is None else f"{load_per_core:.2f}"
     busy = (load_per_core is not None and load_per_core > noise.BUSY_LOAD_PER_CORE) or widest > noise.DEFAULT_TOLERANCE
     verdict = ("so the errors above measure the machine more than the simulator: rerun on a quiet one" if busy
                else "quiet enough: the errors above are the simulator's")  # fmt: skip
     return f"noise: {facts}, load average {load} per core after the run; {verdict}"
+
+
+def _named(sample: StepSample) -> str:
+    """A calibration microbenchmark in words: a prefill of its prompt, or a decode step of its batch."""
+    if sample.prefill_tokens:
+        return f"the prefill of {sample.prefill_tokens} tokens"
+    return f"the decode step of {sample.decode_tokens} sequences reading {sample.kv_tokens_read} cached tokens"
 
 
 def saturation_rate(config: SimConfig, cost: LinearCost, prompt: int, output: int, n: int) -> float:

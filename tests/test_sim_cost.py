@@ -258,6 +258,11 @@ def test_the_fidelity_benchmark_says_when_the_noise_decides():
     scattered = [quiet[0], [StepSample(16, 0, 0, 0.015), StepSample(0, 4, 400, 0.004)]]
     verdict = sim_fidelity.noise_verdict(scattered, 0.2)
     assert "differ by up to 40%" in verdict and "measure the machine" in verdict
+    assert "the prefill of 16 tokens (10.00, 15.00 ms)" in verdict  # which microbenchmark, and each round's median
+    decode = [[StepSample(0, 4, 400, 0.004)], [StepSample(0, 4, 400, 0.006)]]
+    assert "the decode step of 4 sequences reading 400 cached tokens (4.00, 6.00 ms)" in sim_fidelity.noise_verdict(
+        decode, 0.2
+    )
 
 
 def test_the_roofline_cost_reads_a_moes_active_experts_and_fp8_weights_at_one_byte():
@@ -303,3 +308,22 @@ def test_the_roofline_cost_computes_two_flops_per_active_parameter_of_a_moe_toke
     llama = RooflineCost(kv.get_model("Llama-3-8B"), h100, attention_flops=False)  # dense: every parameter
     assert llama.moe is None and llama.active_params == llama.geometry.num_params
     assert llama.flops(0, 1) == 2.0 * llama.geometry.num_params
+
+
+def test_the_roofline_cost_counts_attention_flops_only_in_the_layers_that_attend():
+    """Qwen3-Next attends over the cache in one layer of four (the others are linear attention with a
+    constant-size state): its attention FLOPs per (query, key) pair are a quarter of 48 layers' worth."""
+    from course import hardware, kv
+    from course.sim import RooflineCost
+
+    h100 = hardware.gpu("H100-SXM")
+    hybrid = kv.get_model("Qwen3-Next-80B-A3B")
+    assert hybrid.num_attention_layers * 4 == hybrid.num_layers
+    with_pairs = RooflineCost(hybrid, h100)
+    without = RooflineCost(hybrid, h100, attention_flops=False)
+    per_pair = 4.0 * hybrid.num_attention_layers * hybrid.num_query_heads * hybrid.head_dim
+    pairs = 4096 * 4097 / 2  # one 4,096-token prompt, causal
+    assert with_pairs.flops(4096, 0, pairs) - without.flops(4096, 0, pairs) == pytest.approx(per_pair * pairs)
+    dense = kv.get_model("Llama-3-8B")  # every layer attends: the same count as before
+    dense_cost = RooflineCost(dense, h100)
+    assert dense_cost.attention_flops_per_pair == 4.0 * dense.num_layers * dense.num_query_heads * dense.head_dim

@@ -70,8 +70,11 @@ class RooflineCost:
             ``quantization_config``, e.g. DeepSeek-V3), else ``bytes_per_value``.
         flops_efficiency, bandwidth_efficiency: fraction of each roof that real kernels reach.
         step_overhead: fixed seconds per step (scheduler, kernel launches); 0 = pure roofline.
-        attention_flops: count the attention's FLOPs (4 x layers x query heads x head_dim per pair)
-            on top of 2 FLOPs per active parameter per token.
+        attention_flops: count the attention's FLOPs (4 x attention layers x query heads x head_dim per
+            pair) on top of 2 FLOPs per active parameter per token. Only the layers that attend over
+            the cache count: a hybrid's linear-attention or Mamba layers (Qwen3-Next's three in four)
+            keep a constant-size state instead. A sliding-window layer is counted as if it attended to
+            the whole context, an upper bound.
         moe: the mixture-of-experts layout of ``geometry`` (:class:`course.roofline.MoeLayout`); None:
             the catalogue's by the geometry's name (``course.roofline.MOE_MODELS``), else a dense
             model. A part of a model (a pipeline stage, a tensor-parallel shard) passes its own
@@ -144,13 +147,19 @@ class RooflineCost:
     def kv_bytes_per_token(self) -> float:
         return self.geometry.kv_bytes_per_token(self.bytes_per_value)
 
+    @functools.cached_property
+    def attention_flops_per_pair(self) -> float:
+        """FLOPs of one (query token, key token) pair over the layers that attend: QK^T and the
+        weighted sum of V, 2 each per head dimension, in every query head."""
+        g = self.geometry
+        return 4.0 * g.num_attention_layers * g.num_query_heads * g.head_dim
+
     def flops(self, prefill_tokens: int, decode_tokens: int, attention_pairs: float = 0.0) -> float:
         """FLOPs of the step: 2 per active parameter per token (each token runs only its own experts, however
         many the batch touches), plus the attention's per (query, key) pair."""
-        g = self.geometry
         flops = 2.0 * self.active_params * (prefill_tokens + decode_tokens)
         if self.attention_flops:
-            flops += 4.0 * g.num_layers * g.num_query_heads * g.head_dim * attention_pairs
+            flops += self.attention_flops_per_pair * attention_pairs
         return flops
 
     def bytes_moved(self, kv_tokens_read: int, tokens: float | None = None) -> float:

@@ -15,9 +15,12 @@
    request costs outside the forward pass (``e`` per prompt started, on the engine's CPU, for the
    course's server, whose event loop shares core 0 with its engine thread; a ``latency`` off the
    steps for vLLM, whose API server is another process) and the step-time spread (the single steps'
-   deviations). The microbenchmarks run before and after the run to predict (three rounds for the
-   course's server, two for vLLM); the fit uses each one's median over the rounds.
+   deviations). The microbenchmarks run in rounds (three for the course's server, two for vLLM), one
+   before the run, the others between its parts and after it; the fit uses each one's median over the
+   rounds.
 3. **The run to predict**: Poisson arrivals measured with ``course bench --request-rate ... --output``,
+   in parts between the calibration rounds (two parts with three rounds: round, part, round, part,
+   round), so that the calibration and the run see the same stretch of a machine whose speed drifts;
    by default at 5 req/s on the course's server and at 70 % of vLLM's capacity (``--load``: the
    fraction of the requests per second the calibrated simulator completes when they all arrive at
    once, printed).
@@ -57,7 +60,7 @@ from _processes import CLIENT_CORE, SERVER_CORE, pinned, single_thread_env, star
 from course import metrics, noise
 from course.capacity import decode_sample, prefill_sample, server_sim_config
 from course.sim import LinearCost, SimConfig, StepSample, simulate
-from course.trace import load_traces
+from course.trace import load_traces, save_traces
 from course.workload import all_at_once, from_traces
 
 TARGETS = {"p50": 0.10, "p95": 0.20}
@@ -299,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"engine {args.engine}: {' '.join(pinned(SERVER_CORE, command))}")
     print(f"simulated as: {config.describe()}; request cost off the forward pass as '{front_end}'")
     print(f"run to predict: {args.requests} requests, Poisson at {arrivals}, {args.prompt_tokens} prompt + "
-          f"{args.output_tokens} output tokens; {args.rounds} calibration rounds; {load_average()}")  # fmt: skip
+          f"{args.output_tokens} output tokens, in {len(run_parts(args.requests, args.rounds))} part(s) between "
+          f"{args.rounds} calibration rounds; {load_average()}")  # fmt: skip
     if args.dry_run:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -341,24 +345,45 @@ def measure(
         rate = args.rate or args.load * capacity
         print(f"simulated capacity {capacity:.2f} req/s ({args.prompt_tokens} + {args.output_tokens} tokens, all "
               f"arriving at once); the run's rate {rate:.2f} req/s = {rate / capacity:.0%} of it")  # fmt: skip
-        before = vllm_metric_sums(args.port) if args.engine == "vllm" else {}
-        measured = bench(args.port, work / "run.json", "--request-rate", f"{rate:.4f}", "--num-requests",
-                         str(args.requests), "--prompt-tokens", str(args.prompt_tokens), "--output-tokens",
-                         str(args.output_tokens), "--seed", "303")  # fmt: skip
-        facts = {"rate": rate, "capacity": capacity, "during": load_average(), "run_load": noise.load_per_core()}
+        # The run goes in parts between the calibration rounds (one part after each round but the last),
+        # so the rounds the fit takes its medians from and the run it predicts see the same stretch of a
+        # machine whose step time drifts from minute to minute (benchmarks/RESULTS.md, 2026-12-03).
+        parts = run_parts(args.requests, args.rounds)
+        measured, totals = [], {}
+        for index, count in enumerate(parts):
+            if index:
+                print(f"calibration {index} between the run's parts:", flush=True)
+                rounds.append(calibrate(args.port, work / f"after{index}"))
+            before = vllm_metric_sums(args.port) if args.engine == "vllm" else {}
+            measured += bench(args.port, work / f"run_part{index + 1}.json", "--request-rate", f"{rate:.4f}",
+                              "--num-requests", str(count), "--prompt-tokens", str(args.prompt_tokens),
+                              "--output-tokens", str(args.output_tokens), "--seed", str(303 + index))  # fmt: skip
+            if args.engine == "vllm":  # vLLM's histograms over the run's parts only, not the calibrations
+                for key, value in vllm_metric_sums(args.port).items():
+                    totals[key] = totals.get(key, 0.0) + value - before.get(key, 0.0)
+        save_traces(work / "run.json", measured, parts=len(parts))
+        facts = {"rate": rate, "capacity": capacity, "during": load_average(), "run_load": noise.load_per_core(),
+                 "parts": len(parts)}  # fmt: skip
         if args.engine == "vllm":
-            facts["breakdown"] = vllm_breakdown(before, vllm_metric_sums(args.port))
+            facts["breakdown"] = vllm_breakdown({}, totals)
         else:
             with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=5) as response:
                 facts["health"] = json.load(response)
         (work / "facts.json").write_text(json.dumps(facts, indent=1))
-        for index in range(1, args.rounds):
+        for index in range(len(parts), args.rounds):
             print(f"calibration {index} after the run:", flush=True)
             rounds.append(calibrate(args.port, work / f"after{index}"))
     finally:
         stop(server)
         server_log.close()
     return rounds, measured, facts
+
+
+def run_parts(requests: int, rounds: int) -> list[int]:
+    """Requests in each part of the run: one part after every calibration round but the last (one part
+    with a single round), as even as the count allows."""
+    parts = min(max(rounds - 1, 1), requests)
+    return [requests // parts + (index < requests % parts) for index in range(parts)]
 
 
 def replayed(work: Path, rounds: int) -> tuple[list[list[StepSample]], list, dict]:

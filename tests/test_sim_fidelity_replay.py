@@ -51,3 +51,12 @@ def test_replay_of_a_folder_that_was_not_kept_says_what_is_missing(tmp_path):
     (tmp_path / "before").mkdir()
     with pytest.raises(SystemExit, match="not a folder kept by --keep with 3 rounds; missing .*after1.*run.json"):
         sim_fidelity.main(["--replay", str(tmp_path)])
+
+
+def test_the_run_goes_in_parts_between_the_calibration_rounds():
+    # Three rounds: round, part, round, part, round. The parts add up to the run and differ by one at most.
+    assert sim_fidelity.run_parts(150, 3) == [75, 75]
+    assert sim_fidelity.run_parts(151, 4) == [51, 50, 50]
+    assert sim_fidelity.run_parts(150, 2) == [150]  # vLLM's two rounds: the whole run between them
+    assert sim_fidelity.run_parts(150, 1) == [150]  # one round before the run: nothing to put between
+    assert sim_fidelity.run_parts(2, 5) == [1, 1]  # never a part without a request

@@ -59,6 +59,14 @@ def _weights(geometry: ModelGeometry) -> tuple[int, int]:
     return body, (geometry.lm_head_params if body != geometry.num_params else 0)  # no split: all in the body
 
 
+def attention_flops_per_pair(geometry: ModelGeometry) -> float:
+    """FLOPs of one (query token, key token) pair of attention over the whole model: Q·K and P·V, 2 per
+    head dimension each, in every query head of every layer that attends over the cache (a hybrid's
+    linear-attention or Mamba layers keep a constant-size state instead and count none)."""
+    g = geometry
+    return 4.0 * g.num_attention_layers * g.num_query_heads * g.head_dim
+
+
 def decode_step_flops_bytes(
     geometry: ModelGeometry,
     batch: int,
@@ -79,7 +87,7 @@ def decode_step_flops_bytes(
     """
     g = geometry
     wbytes = bytes_per_value if weight_bytes_per_value is None else weight_bytes_per_value
-    attention_flops = 4.0 * context * g.num_query_heads * g.head_dim * g.num_attention_layers
+    attention_flops = attention_flops_per_pair(g) * context
     flops = batch * (2.0 * weight_params_read(g, 1) + attention_flops)
     lookup = batch * g.hidden_size * bytes_per_value
     kv = batch * context * g.kv_bytes_per_token(bytes_per_value)
@@ -105,7 +113,7 @@ def prefill_flops_bytes(
     body, head = _weights(g)
     if (layout := moe_layout(g)) is not None:
         body = weight_params_read(g, 1) - head  # the active body: dense part and top-k experts
-    attention_flops = 4.0 * g.num_attention_layers * g.num_query_heads * g.head_dim * prompt_tokens * prompt_tokens / 2
+    attention_flops = attention_flops_per_pair(g) * prompt_tokens * prompt_tokens / 2
     flops = 2.0 * body * prompt_tokens + 2.0 * head + attention_flops
     lookup = prompt_tokens * g.hidden_size * bytes_per_value
     weights = weight_params_read(g, prompt_tokens) if layout is not None else body + head

@@ -149,10 +149,9 @@ class RooflineCost:
 
     @functools.cached_property
     def attention_flops_per_pair(self) -> float:
-        """FLOPs of one (query token, key token) pair over the layers that attend: QK^T and the
-        weighted sum of V, 2 each per head dimension, in every query head."""
-        g = self.geometry
-        return 4.0 * g.num_attention_layers * g.num_query_heads * g.head_dim
+        """FLOPs of one (query token, key token) pair (:func:`course.roofline.attention_flops_per_pair`),
+        cached: the geometry counts its attention layers in a pass over every layer."""
+        return roofline.attention_flops_per_pair(self.geometry)
 
     def flops(self, prefill_tokens: int, decode_tokens: int, attention_pairs: float = 0.0) -> float:
         """FLOPs of the step: 2 per active parameter per token (each token runs only its own experts, however

@@ -86,6 +86,25 @@ def test_a_row_leaving_an_unpadded_batch_by_hand(lm64):
     assert [r.output_ids for r in requests] == [greedy_reference(lm64, p, n) for p, n in zip(prompts, lengths)]
 
 
+def test_decode_steps_are_counted_batch_by_batch(lm64):
+    # A (12 prompt tokens, 4 output) and B (5, 7) are prefilled together: each gets its first token,
+    # then they decode 3 steps side by side (B padded to A's length) and B 3 more steps alone.
+    engine = Engine(lm64, background=False)
+    a = engine.submit(list(range(10, 22)), SamplingParams(max_tokens=4, ignore_eos=True))
+    b = engine.submit(list(range(40, 45)), SamplingParams(max_tokens=7, ignore_eos=True))
+    while engine.num_unfinished:
+        engine.step()
+    assert len(a.output_ids) == 4 and len(b.output_ids) == 7
+    by_batch = engine.stats()["decode_steps_by_batch"]
+    assert set(by_batch) == {"1", "2"}
+    assert by_batch["2"][0] == 3 and by_batch["1"][0] == 3
+    # cache slots the steps read: 2 rows x 12, 13, 14 columns, then B alone (trimmed) at 8, 9, 10
+    assert by_batch["2"][2] == 2 * (12 + 13 + 14) and by_batch["1"][2] == 8 + 9 + 10
+    assert by_batch["1"][1] > 0 and by_batch["2"][1] > 0
+    assert sum(steps for steps, _, _ in by_batch.values()) == engine.stats()["steps"]
+    assert sum(seconds for _, seconds, _ in by_batch.values()) == pytest.approx(engine.decode_seconds)
+
+
 def test_one_at_a_time_mode_never_batches(lm64):
     prompts, outputs = _workload(4, seed=1)
     engine = Engine(lm64, max_batch_size=1)

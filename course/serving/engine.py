@@ -152,6 +152,9 @@ class Engine:
         self.tokens_generated = 0
         self.batch_size_sum = 0  # sum over decode steps of the batch size (mean = / steps)
         self.decode_seconds = 0.0  # time spent in decode steps (forward + sampling + hand-off)
+        # per batch size: (decode steps, their seconds, cache token slots they attended over), so that a
+        # simulator's fit can be checked against the steps a run itself took, batch by batch
+        self.decode_by_batch: dict[int, tuple[int, float, int]] = {}
         self.prefill_seconds = 0.0
         self.last_error: str | None = None
         self.iterations: deque[tuple[float, float]] = deque(maxlen=4096)  # (start, seconds) of recent iterations
@@ -245,6 +248,8 @@ class Engine:
             "mean_batch_size": self.batch_size_sum / self.steps if self.steps else 0.0,
             "mean_decode_step_ms": 1e3 * self.decode_seconds / self.steps if self.steps else 0.0,
             "prefill_seconds": self.prefill_seconds,
+            # {batch: [steps, seconds, cache token slots read]}, keys as text (the stats travel as JSON)
+            "decode_steps_by_batch": {str(b): list(t) for b, t in sorted(list(self.decode_by_batch.items()))},
             "cache_tokens": self.cache_tokens(),
             "max_batch_size": self.max_batch_size,
             "max_model_len": self.max_model_len,
@@ -298,8 +303,12 @@ class Engine:
         if self.batch.rows:
             start = time.perf_counter()
             rows = list(self.batch.rows)
+            held = self.batch.tokens_held()  # rows x padded length: what the step's attention reads
             self._guarded(self._decode, rows, rows)
-            self.decode_seconds += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.decode_seconds += seconds
+            steps, total, read = self.decode_by_batch.get(len(rows), (0, 0.0, 0))
+            self.decode_by_batch[len(rows)] = (steps + 1, total + seconds, read + held)  # one store: stats() reads it
         self.iterations.append((started, time.perf_counter() - started))
         self.budget_used.append((budgeted, sum(n for _, n in plan.chunks)))
         return False

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -295,6 +297,27 @@ def test_models_and_health(server):
     health = httpx.get(server.url + "/health", timeout=10)
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert httpx.get(server.url + "/nowhere", timeout=10).status_code == 404
+
+
+def test_health_counts_the_steps_by_batch_size_and_prompt_tokens(server):
+    # What benchmarks/sim_fidelity.py reads around each part of its run. One request alone, 6 tokens:
+    # its first token comes from the prefill, the other 5 from 5 decode steps of batch 1.
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import sim_fidelity
+
+    port = int(server.url.rsplit(":", 1)[1])
+    assert wait_idle(server.engine)
+    before = sim_fidelity.server_step_counters(port)
+    body = {"model": MODEL, "prompt": "hello there", "max_tokens": 6, "ignore_eos": True}
+    response = httpx.post(server.base_url + "/completions", json=body, timeout=30)
+    assert response.status_code == 200
+    prompt = f"prefill {response.json()['usage']['prompt_tokens']}"
+    after = sim_fidelity.server_step_counters(port)
+    changed = {key for key in after if after[key] != before.get(key)}
+    assert changed == {"decode 1", prompt}, changed
+    steps, seconds, slots = (a - b for a, b in zip(after["decode 1"], before.get("decode 1", (0, 0.0, 0))))
+    assert steps == 5 and seconds > 0 and slots > 0
+    assert after[prompt][0] - before.get(prompt, (0, 0.0, 0))[0] == 1
 
 
 def test_load_client_traces_and_replay(server, tmp_path):

@@ -86,7 +86,7 @@ def test_a_row_leaving_an_unpadded_batch_by_hand(lm64):
     assert [r.output_ids for r in requests] == [greedy_reference(lm64, p, n) for p, n in zip(prompts, lengths)]
 
 
-def test_decode_steps_are_counted_batch_by_batch(lm64):
+def test_steps_are_counted_by_batch_and_by_prompt_tokens(lm64):
     # A (12 prompt tokens, 4 output) and B (5, 7) are prefilled together: each gets its first token,
     # then they decode 3 steps side by side (B padded to A's length) and B 3 more steps alone.
     engine = Engine(lm64, background=False)
@@ -103,6 +103,9 @@ def test_decode_steps_are_counted_batch_by_batch(lm64):
     assert by_batch["1"][1] > 0 and by_batch["2"][1] > 0
     assert sum(steps for steps, _, _ in by_batch.values()) == engine.stats()["steps"]
     assert sum(seconds for _, seconds, _ in by_batch.values()) == pytest.approx(engine.decode_seconds)
+    prefills = engine.stats()["prefill_steps_by_tokens"]
+    assert list(prefills) == ["17"] and prefills["17"][0] == 1  # both prompts in one iteration: 12 + 5 tokens
+    assert prefills["17"][1] == pytest.approx(engine.prefill_seconds)
 
 
 def test_one_at_a_time_mode_never_batches(lm64):

@@ -74,27 +74,32 @@ def test_the_rounds_are_merged_by_their_mean():
     assert (merged.decode_tokens, merged.kv_tokens_read) == (2, 100)
 
 
-def test_the_runs_own_steps_become_samples_per_batch():
-    run_steps = {"1": [100, 0.4, 16000], "2": [50, 0.25, 17000], "9": [3, 0.03, 2000]}
-    samples = sim_fidelity.run_step_samples(run_steps)
-    assert [(s.decode_tokens, s.kv_tokens_read) for s in samples] == [(1, 160), (2, 340)]  # batch 9: too few steps
-    assert [s.seconds for s in samples] == pytest.approx([0.004, 0.005])
+def test_the_runs_own_steps_become_samples_per_batch_and_prompt_size():
+    run_steps = {"decode 1": [100, 0.4, 16000], "decode 2": [50, 0.25, 17000], "decode 9": [3, 0.03, 2000],
+                 "prefill 128": [60, 0.9, 0], "prefill 256": [2, 0.05, 0]}  # fmt: skip
+    samples = sim_fidelity.run_step_samples(run_steps)  # decode 9 and prefill 256: too few to average
+    assert [(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read) for s in samples] == [
+        (0, 1, 160), (0, 2, 340), (128, 0, 0)
+    ]  # fmt: skip
+    assert [s.seconds for s in samples] == pytest.approx([0.004, 0.005, 0.015])
 
 
 def test_a_replay_with_the_servers_step_counters_tells_the_calibration_from_the_simulator(tmp_path, capsys):
     for name in ("before", "after1", "after2"):
         keep_a_round(tmp_path / name)
     save_traces(tmp_path / "run.json", [request(str(i), 0.2 * i, 128, 64) for i in range(30)])
-    # The run's own steps, as the server counted them: 30 % slower than the calibration's server.
+    # The run's own decode steps, as the server counted them: 30 % slower than the calibration's server.
     slow = 1.3 * STEP
-    run_steps = {"1": [1000, 1000 * slow * (1 + 1 / 8), 1000 * 160], "2": [400, 400 * slow * (1 + 2 / 8), 400 * 330]}
+    run_steps = {"decode 1": [1000, 1000 * slow * (1 + 1 / 8), 1000 * 160],
+                 "decode 2": [400, 400 * slow * (1 + 2 / 8), 400 * 330]}  # fmt: skip
     facts = {"rate": 5.0, "capacity": 20.0, "during": "load average 1.0", "run_load": 0.5, "health": {},
              "run_steps": run_steps}  # fmt: skip
     (tmp_path / "facts.json").write_text(json.dumps(facts))
     assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "the run's own decode steps (the server's counters over its parts) against the fitted line" in out
-    table = out.split("against the fitted line:")[1]
+    assert "the run's own steps (the server's counters over its parts) against the fitted line" in out
+    table = out.split("spends outside them):")[1]
     errors = [float(line.split()[-1].rstrip("%")) for line in table.splitlines()[2:4]]
     assert errors == pytest.approx([-23.1, -23.1], abs=1.0)  # 1 / 1.3 - 1
-    assert "the simulator with a line fitted to the run's own decode steps" in out
+    assert "over the decode steps the line is -23" in out and "over the prefill steps" not in out
+    assert "the simulator with a line fitted to the run's own steps" in out

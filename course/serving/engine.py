@@ -155,6 +155,8 @@ class Engine:
         # per batch size: (decode steps, their seconds, cache token slots they attended over), so that a
         # simulator's fit can be checked against the steps a run itself took, batch by batch
         self.decode_by_batch: dict[int, tuple[int, float, int]] = {}
+        # per prompt tokens an iteration prefilled: (iterations, their prefill seconds)
+        self.prefill_by_tokens: dict[int, tuple[int, float]] = {}
         self.prefill_seconds = 0.0
         self.last_error: str | None = None
         self.iterations: deque[tuple[float, float]] = deque(maxlen=4096)  # (start, seconds) of recent iterations
@@ -250,6 +252,8 @@ class Engine:
             "prefill_seconds": self.prefill_seconds,
             # {batch: [steps, seconds, cache token slots read]}, keys as text (the stats travel as JSON)
             "decode_steps_by_batch": {str(b): list(t) for b, t in sorted(list(self.decode_by_batch.items()))},
+            # {prompt tokens: [iterations, seconds]} of the iterations that prefilled
+            "prefill_steps_by_tokens": {str(n): list(t) for n, t in sorted(list(self.prefill_by_tokens.items()))},
             "cache_tokens": self.cache_tokens(),
             "max_batch_size": self.max_batch_size,
             "max_model_len": self.max_model_len,
@@ -299,7 +303,11 @@ class Engine:
         if plan.chunks:
             start = time.perf_counter()
             self._guarded(self._prefill, plan.chunks, [r for r, _ in plan.chunks])
-            self.prefill_seconds += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.prefill_seconds += seconds
+            tokens = sum(n for _, n in plan.chunks)
+            passes, total = self.prefill_by_tokens.get(tokens, (0, 0.0))
+            self.prefill_by_tokens[tokens] = (passes + 1, total + seconds)  # one store: stats() reads it
         if self.batch.rows:
             start = time.perf_counter()
             rows = list(self.batch.rows)

@@ -32,6 +32,10 @@
 5. Prints measured vs simulated TTFT and ITL (p50, p95) with the errors and targets, beside the plain
    four-term line's errors; for vLLM also where its time goes by its own metrics (``/metrics``: queue,
    prefill and the rest of its TTFT, its ITL inside the server) and which part the simulator misses.
+   For the course's server, the steps the run itself took (its ``/health`` counters of decode steps per
+   batch size and prefill passes per prompt size, over the run's parts only) against the fitted line,
+   and the errors once more with a line fitted to those steps: what is left then is the simulator's
+   (its scheduling, its spread, the front end's cost); what goes away was the calibration's.
 
     .venv/bin/python benchmarks/sim_fidelity.py [--engine course|vllm] [--rate R | --load 0.7] [--requests 150]
                                                 [--keep DIR] [--replay DIR] [--dry-run]
@@ -75,6 +79,7 @@ DECODE_BATCHES = (1, 2, 4, 16)  # 2: where a Poisson run at 5 req/s decodes (mea
 DECODE_OUTPUT = 64
 RUN_STEPS_LEAST = 20  # decode steps of one batch size in the run before its mean is compared with the line
 RUN_PREFILLS_LEAST = 5  # and prefill passes of one prompt size
+PREFILL_PASSES = "prefill_passes.json"  # in a calibration round's folder: {prompt tokens: [passes, seconds]}
 
 
 def course_server_command(port: int, max_batch_size: int, max_prefill_tokens: int) -> list[str]:
@@ -121,12 +126,25 @@ def decode_file(work: Path, context: int, batch: int) -> Path:
     return work / f"decode_{context}_{batch}.json"
 
 
-def calibrate(port: int, work: Path) -> list[StepSample]:
-    """Step-time samples from small controlled runs (none of them is the run to predict)."""
+def calibrate(port: int, work: Path, counters: bool = False) -> list[StepSample]:
+    """Step-time samples from small controlled runs (none of them is the run to predict).
+
+    ``counters``: the server counts its steps (the course's): the prefill passes each prefill
+    microbenchmark cost inside the server go to ``work/prefill_passes.json``, so that the front end's
+    share of the TTFT can be told apart (:func:`front_end_per_request`).
+    """
     work.mkdir(parents=True, exist_ok=True)
+    passes = {}
     for prompt in PREFILL_LENGTHS:
+        before = server_step_counters(port) if counters else {}
         bench(port, prefill_file(work, prompt), "--concurrency", "1", "--num-requests", "8",
               "--prompt-tokens", str(prompt), "--output-tokens", "2", "--seed", "101")  # fmt: skip
+        if counters:
+            after = server_step_counters(port)
+            keys = [key for key in after if key.startswith("prefill")]
+            passes[str(prompt)] = [sum(after[k][i] - before.get(k, (0, 0.0, 0))[i] for k in keys) for i in (0, 1)]
+    if counters:
+        (work / PREFILL_PASSES).write_text(json.dumps(passes))
     for context in DECODE_CONTEXTS:
         for batch in DECODE_BATCHES:
             bench(port, decode_file(work, context, batch), "--concurrency", str(batch),
@@ -256,7 +274,21 @@ def run_step_samples(run_steps: dict[str, list]) -> list[StepSample]:
     return sorted(samples, key=lambda s: (s.prefill_tokens, s.decode_tokens))
 
 
-def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConfig, measured: list, real) -> None:
+def front_end_per_request(rounds: list[list[StepSample]], passes: list[dict[str, list]]) -> float | None:
+    """What a request costs outside the server's prefill pass (s): each prefill microbenchmark's median
+    TTFT minus its mean pass inside the server (``calibrate(..., counters=True)``), averaged over the
+    prompt sizes and rounds; None without the counters."""
+    outside = []
+    for samples, counted in zip(rounds, passes):
+        for sample in samples:
+            n, seconds = counted.get(str(sample.prefill_tokens), (0, 0.0)) if sample.prefill_tokens else (0, 0.0)
+            if n:
+                outside.append(sample.seconds - seconds / n)
+    return statistics.fmean(outside) if outside else None
+
+
+def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConfig, measured: list, real,
+                   front_end: float | None = None) -> None:  # fmt: skip
     """The run's own steps (the server's counters over the run's parts) against the fitted line, and
     the simulation again with a line fitted to them: what the simulator misses when it knows the
     steps the run took (its scheduling, its spread, the front end's cost) apart from what the
@@ -285,12 +317,19 @@ def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConf
             slower = measured_s / predicted_s - 1
             longer[kind] = f"{abs(slower):.1%} {'longer' if slower > 0 else 'less'}"
             print(f"over the {kind} steps the line is {predicted_s / measured_s - 1:+.1%} off the run's own")
-    # the run's own steps fix a, b, c and d; the front end's e and the spreads stay the calibration's
-    # (the server's counters time the forward passes, not the event loop's work around them)
+    # The run's own steps fix a, b, c and d. The server's counters time its forward passes, not the event
+    # loop's work around them: that comes from the calibration, as its TTFTs minus the passes it counted
+    # (the fitted e belongs beside the fitted line's a + b x prompt, which need not be the pass).
     line = LinearCost.fit(own, front_end="none", spread=False, seed=cost.seed)
-    if not any(s.prefill_tokens for s in own):  # no prefill size counted often enough: keep the calibration's b
+    prefilled = any(s.prefill_tokens for s in own)
+    if not prefilled:  # no prefill size counted often enough: keep the calibration's b
         line = dataclasses.replace(line, b=cost.b)
-    knowing = dataclasses.replace(line, e=cost.e, latency=cost.latency, spread=cost.spread,
+    if front_end is None or not prefilled:
+        front_end, source = cost.e, "the fitted e"
+    else:
+        source = "the calibration's median TTFTs minus the prefill passes the server counted in them"
+    print(f"front end per request: {front_end * 1e3:.2f} ms ({source}; the fitted e: {cost.e * 1e3:.2f} ms)")
+    knowing = dataclasses.replace(line, e=front_end, latency=cost.latency, spread=cost.spread,
                                   prefill_spread=cost.prefill_spread)  # fmt: skip
     replay = from_traces(measured, name="the measured run")
     model = metrics.summarize(knowing.delivered(simulate(replay, config, knowing).traces))
@@ -431,7 +470,8 @@ def measure(
     facts: dict = {}
     try:
         print("calibration before the run (microbenchmarks against the server):", flush=True)
-        rounds = [calibrate(args.port, work / "before")]
+        counted = args.engine == "course"  # the course's server counts its steps (/health)
+        rounds = [calibrate(args.port, work / "before", counted)]
         cost = LinearCost.fit(merge_rounds(rounds), front_end=front_end, seed=args.seed)
         capacity = saturation_rate(config, cost, args.prompt_tokens, args.output_tokens, 4 * args.max_batch_size)
         rate = args.rate or args.load * capacity
@@ -445,7 +485,7 @@ def measure(
         for index, count in enumerate(parts):
             if index:
                 print(f"calibration {index} between the run's parts:", flush=True)
-                rounds.append(calibrate(args.port, work / f"after{index}"))
+                rounds.append(calibrate(args.port, work / f"after{index}", counted))
             counters = vllm_metric_sums if args.engine == "vllm" else server_step_counters
             before = counters(args.port)
             measured += bench(args.port, work / f"run_part{index + 1}.json", "--request-rate", f"{rate:.4f}",
@@ -470,10 +510,13 @@ def measure(
         (work / "facts.json").write_text(json.dumps(facts, indent=1))
         for index in range(len(parts), args.rounds):
             print(f"calibration {index} after the run:", flush=True)
-            rounds.append(calibrate(args.port, work / f"after{index}"))
+            rounds.append(calibrate(args.port, work / f"after{index}", counted))
     finally:
         stop(server)
         server_log.close()
+    folders = [work / "before", *(work / f"after{index}" for index in range(1, args.rounds))]
+    if all((folder / PREFILL_PASSES).exists() for folder in folders):
+        facts["calibration_passes"] = [json.loads((folder / PREFILL_PASSES).read_text()) for folder in folders]
     return rounds, measured, facts
 
 
@@ -497,7 +540,11 @@ def replayed(work: Path, rounds: int) -> tuple[list[list[StepSample]], list, dic
     for folder in folders:
         print(f"calibration {folder.name}:")
         calibration.append(read_calibration(folder))
-    return calibration, load_traces(work / "run.json"), json.loads((work / "facts.json").read_text())
+    facts = json.loads((work / "facts.json").read_text())
+    passes = [folder / PREFILL_PASSES for folder in folders]
+    if all(path.exists() for path in passes):
+        facts["calibration_passes"] = [json.loads(path.read_text()) for path in passes]
+    return calibration, load_traces(work / "run.json"), facts
 
 
 def report(
@@ -543,7 +590,8 @@ def report(
     if "breakdown" in facts:
         explain_vllm(facts["breakdown"], real, model, cost, missed)
     if facts.get("run_steps"):
-        explain_course(facts["run_steps"], cost, config, measured, real)
+        front = front_end_per_request(rounds, facts["calibration_passes"]) if "calibration_passes" in facts else None
+        explain_course(facts["run_steps"], cost, config, measured, real, front)
     print(f"{load_average()} at the end")
     print("all targets met" if ok else f"missed: {', '.join(missed)}")
     print(noise_verdict(rounds, facts["run_load"]))

@@ -102,4 +102,24 @@ def test_a_replay_with_the_servers_step_counters_tells_the_calibration_from_the_
     errors = [float(line.split()[-1].rstrip("%")) for line in table.splitlines()[2:4]]
     assert errors == pytest.approx([-23.1, -23.1], abs=1.0)  # 1 / 1.3 - 1
     assert "over the decode steps the line is -23" in out and "over the prefill steps" not in out
+    assert "front end per request:" in out and "(the fitted e;" in out  # no counted passes kept
     assert "the simulator with a line fitted to the run's own steps" in out
+
+
+def test_the_front_end_is_the_calibrations_ttft_less_the_passes_the_server_counted(tmp_path, capsys):
+    # The made-up server's TTFT is 5 ms + 0.1 ms per prompt token, its prefill pass the 0.1 ms per token.
+    for name in ("before", "after1", "after2"):
+        keep_a_round(tmp_path / name)
+        passes = {str(p): [8, 8 * PREFILL_PER_TOKEN * p] for p in sim_fidelity.PREFILL_LENGTHS}
+        (tmp_path / name / sim_fidelity.PREFILL_PASSES).write_text(json.dumps(passes))
+    save_traces(tmp_path / "run.json", [request(str(i), 0.2 * i, 128, 64) for i in range(30)])
+    run_steps = {"decode 1": [1000, 1000 * STEP * (1 + 1 / 8), 1000 * 160],
+                 "decode 2": [400, 400 * STEP * (1 + 2 / 8), 400 * 330],
+                 "prefill 128": [30, 30 * PREFILL_PER_TOKEN * 128, 0]}  # fmt: skip
+    facts = {"rate": 5.0, "capacity": 20.0, "during": "load average 1.0", "run_load": 0.5, "health": {},
+             "run_steps": run_steps}  # fmt: skip
+    (tmp_path / "facts.json").write_text(json.dumps(facts))
+    assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "front end per request: 5.00 ms (the calibration's median TTFTs minus the prefill passes" in out
+    assert "prefill 128" in out and "over the prefill steps the line is" in out

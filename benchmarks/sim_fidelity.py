@@ -293,7 +293,8 @@ def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConf
     the simulation again with a line fitted to them: what the simulator misses when it knows the
     steps the run took (its scheduling, its spread, the front end's cost) apart from what the
     calibration missed."""
-    run_steps = {(key if " " in key else f"decode {key}"): tally for key, tally in run_steps.items()}  # e337824's
+    # a folder kept by e337824 named the decode batches alone ("2", not "decode 2")
+    run_steps = {(key if " " in key else f"decode {key}"): tally for key, tally in run_steps.items()}
     own = run_step_samples(run_steps)
     if not any(s.decode_tokens for s in own):
         print("\nthe server's step counters hold no batch size with enough decode steps in the run")
@@ -514,9 +515,7 @@ def measure(
     finally:
         stop(server)
         server_log.close()
-    folders = [work / "before", *(work / f"after{index}" for index in range(1, args.rounds))]
-    if all((folder / PREFILL_PASSES).exists() for folder in folders):
-        facts["calibration_passes"] = [json.loads((folder / PREFILL_PASSES).read_text()) for folder in folders]
+    facts.update(counted_passes(round_folders(work, args.rounds)))
     return rounds, measured, facts
 
 
@@ -529,7 +528,7 @@ def run_parts(requests: int, rounds: int) -> list[int]:
 
 def replayed(work: Path, rounds: int) -> tuple[list[list[StepSample]], list, dict]:
     """What :func:`measure` returned, read back from a ``--keep`` folder (no server is started)."""
-    folders = [work / "before", *(work / f"after{index}" for index in range(1, rounds))]
+    folders = round_folders(work, rounds)
     missing = [str(f) for f in (*folders, work / "run.json", work / "facts.json") if not f.exists()]
     if missing:
         raise SystemExit(
@@ -540,11 +539,22 @@ def replayed(work: Path, rounds: int) -> tuple[list[list[StepSample]], list, dic
     for folder in folders:
         print(f"calibration {folder.name}:")
         calibration.append(read_calibration(folder))
-    facts = json.loads((work / "facts.json").read_text())
-    passes = [folder / PREFILL_PASSES for folder in folders]
-    if all(path.exists() for path in passes):
-        facts["calibration_passes"] = [json.loads(path.read_text()) for path in passes]
+    facts = {**json.loads((work / "facts.json").read_text()), **counted_passes(folders)}
     return calibration, load_traces(work / "run.json"), facts
+
+
+def round_folders(work: Path, rounds: int) -> list[Path]:
+    """The calibration rounds' folders in a run's folder, in order."""
+    return [work / "before", *(work / f"after{index}" for index in range(1, rounds))]
+
+
+def counted_passes(folders: list[Path]) -> dict:
+    """``{"calibration_passes": [...]}``: each round's prefill passes as the server counted them
+    (:func:`calibrate`), or {} when a round has none (vLLM, or a folder kept before they were counted)."""
+    paths = [folder / PREFILL_PASSES for folder in folders]
+    if not all(path.exists() for path in paths):
+        return {}
+    return {"calibration_passes": [json.loads(path.read_text()) for path in paths]}
 
 
 def report(

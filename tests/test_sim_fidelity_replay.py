@@ -35,12 +35,23 @@ def keep_a_round(folder: Path) -> None:
             save_traces(sim_fidelity.decode_file(folder, context, batch), traces)
 
 
-def test_replay_fits_and_simulates_a_kept_run_without_a_server(tmp_path, capsys):
+def keep_a_run(folder: Path, run_steps: dict | None = None, passes: bool = False) -> None:
+    """What ``--keep`` leaves: three calibration rounds (with the prefill passes the server counted in
+    them when ``passes``), a run of 30 requests, its facts (with the server's step counters over it)."""
     for name in ("before", "after1", "after2"):
-        keep_a_round(tmp_path / name)
-    save_traces(tmp_path / "run.json", [request(str(i), 0.2 * i, 128, 64) for i in range(30)])
+        keep_a_round(folder / name)
+        if passes:
+            counted = {str(p): [8, 8 * PREFILL_PER_TOKEN * p] for p in sim_fidelity.PREFILL_LENGTHS}
+            (folder / name / sim_fidelity.PREFILL_PASSES).write_text(json.dumps(counted))
+    save_traces(folder / "run.json", [request(str(i), 0.2 * i, 128, 64) for i in range(30)])
     facts = {"rate": 5.0, "capacity": 20.0, "during": "load average 1.0", "run_load": 0.5, "health": {}}
-    (tmp_path / "facts.json").write_text(json.dumps(facts))
+    if run_steps:
+        facts["run_steps"] = run_steps
+    (folder / "facts.json").write_text(json.dumps(facts))
+
+
+def test_replay_fits_and_simulates_a_kept_run_without_a_server(tmp_path, capsys):
+    keep_a_run(tmp_path)
     assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "replaying the run kept in" in out and "fitted linear:" in out
@@ -85,16 +96,10 @@ def test_the_runs_own_steps_become_samples_per_batch_and_prompt_size():
 
 
 def test_a_replay_with_the_servers_step_counters_tells_the_calibration_from_the_simulator(tmp_path, capsys):
-    for name in ("before", "after1", "after2"):
-        keep_a_round(tmp_path / name)
-    save_traces(tmp_path / "run.json", [request(str(i), 0.2 * i, 128, 64) for i in range(30)])
     # The run's own decode steps, as the server counted them: 30 % slower than the calibration's server.
     slow = 1.3 * STEP
-    run_steps = {"decode 1": [1000, 1000 * slow * (1 + 1 / 8), 1000 * 160],
-                 "decode 2": [400, 400 * slow * (1 + 2 / 8), 400 * 330]}  # fmt: skip
-    facts = {"rate": 5.0, "capacity": 20.0, "during": "load average 1.0", "run_load": 0.5, "health": {},
-             "run_steps": run_steps}  # fmt: skip
-    (tmp_path / "facts.json").write_text(json.dumps(facts))
+    keep_a_run(tmp_path, {"decode 1": [1000, 1000 * slow * (1 + 1 / 8), 1000 * 160],
+                          "decode 2": [400, 400 * slow * (1 + 2 / 8), 400 * 330]})  # fmt: skip
     assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "the run's own steps (the server's counters over its parts) against the fitted line" in out
@@ -108,17 +113,10 @@ def test_a_replay_with_the_servers_step_counters_tells_the_calibration_from_the_
 
 def test_the_front_end_is_the_calibrations_ttft_less_the_passes_the_server_counted(tmp_path, capsys):
     # The made-up server's TTFT is 5 ms + 0.1 ms per prompt token, its prefill pass the 0.1 ms per token.
-    for name in ("before", "after1", "after2"):
-        keep_a_round(tmp_path / name)
-        passes = {str(p): [8, 8 * PREFILL_PER_TOKEN * p] for p in sim_fidelity.PREFILL_LENGTHS}
-        (tmp_path / name / sim_fidelity.PREFILL_PASSES).write_text(json.dumps(passes))
-    save_traces(tmp_path / "run.json", [request(str(i), 0.2 * i, 128, 64) for i in range(30)])
     run_steps = {"decode 1": [1000, 1000 * STEP * (1 + 1 / 8), 1000 * 160],
                  "decode 2": [400, 400 * STEP * (1 + 2 / 8), 400 * 330],
                  "prefill 128": [30, 30 * PREFILL_PER_TOKEN * 128, 0]}  # fmt: skip
-    facts = {"rate": 5.0, "capacity": 20.0, "during": "load average 1.0", "run_load": 0.5, "health": {},
-             "run_steps": run_steps}  # fmt: skip
-    (tmp_path / "facts.json").write_text(json.dumps(facts))
+    keep_a_run(tmp_path, run_steps, passes=True)
     assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "front end per request: 5.00 ms (the calibration's median TTFTs minus the prefill passes" in out

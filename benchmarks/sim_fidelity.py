@@ -249,7 +249,8 @@ def vllm_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[st
 def server_step_counters(port: int) -> dict[str, tuple[int, float, int]]:
     """The course server's steps so far, from ``/health``: ``"decode B"`` (decode steps of batch B) and
     ``"prefill P"`` (iterations that prefilled P prompt tokens) -> (steps, seconds, cache token slots
-    read; 0 for prefills)."""
+    read; 0 for prefills). Read right after a run, the run's last step may not be counted yet (the
+    engine counts a step just after its tokens went out): one step in thousands."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as response:
         health = json.load(response)
     counters = {f"decode {batch}": (int(n), float(seconds), int(slots))

@@ -312,7 +312,15 @@ def test_health_counts_the_steps_by_batch_size_and_prompt_tokens(server):
     response = httpx.post(server.base_url + "/completions", json=body, timeout=30)
     assert response.status_code == 200
     prompt = f"prefill {response.json()['usage']['prompt_tokens']}"
-    after = sim_fidelity.server_step_counters(port)
+    # The engine adds a step to its counters just after the step's tokens went out, so the reply can come
+    # back a moment before the last step is counted: wait for the count to settle.
+    deadline = time.monotonic() + 5
+    while True:
+        after = sim_fidelity.server_step_counters(port)
+        counted = after.get("decode 1", (0,))[0] - before.get("decode 1", (0,))[0]
+        if counted >= 5 or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     changed = {key for key in after if after[key] != before.get(key)}
     assert changed == {"decode 1", prompt}, changed
     steps, seconds, slots = (a - b for a, b in zip(after["decode 1"], before.get("decode 1", (0, 0.0, 0))))

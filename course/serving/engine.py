@@ -250,7 +250,9 @@ class Engine:
             "mean_batch_size": self.batch_size_sum / self.steps if self.steps else 0.0,
             "mean_decode_step_ms": 1e3 * self.decode_seconds / self.steps if self.steps else 0.0,
             "prefill_seconds": self.prefill_seconds,
-            # {batch: [steps, seconds, cache token slots read]}, keys as text (the stats travel as JSON)
+            # {batch: [steps, seconds, cache token slots read]}, keys as text (the stats travel as JSON); a step
+            # is counted just after its tokens went out, so a reader that just got its last token may see it a
+            # moment later
             "decode_steps_by_batch": {str(b): list(t) for b, t in sorted(list(self.decode_by_batch.items()))},
             # {prompt tokens: [iterations, seconds]} of the iterations that prefilled
             "prefill_steps_by_tokens": {str(n): list(t) for n, t in sorted(list(self.prefill_by_tokens.items()))},

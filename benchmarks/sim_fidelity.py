@@ -294,8 +294,6 @@ def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConf
     the simulation again with a line fitted to them: what the simulator misses when it knows the
     steps the run took (its scheduling, its spread, the front end's cost) apart from what the
     calibration missed."""
-    # a folder kept by e337824 named the decode batches alone ("2", not "decode 2")
-    run_steps = {(key if " " in key else f"decode {key}"): tally for key, tally in run_steps.items()}
     own = run_step_samples(run_steps)
     if not any(s.decode_tokens for s in own):
         print("\nthe server's step counters hold no batch size with enough decode steps in the run")
@@ -304,11 +302,12 @@ def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConf
           "(prefills without the front end's e, which the server spends outside them):")  # fmt: skip
     print("{:>12s} {:>7s} {:>12s} {:>10s} {:>8s}".format("step", "count", "measured ms", "line ms", "error"))
     totals = {"decode": [0.0, 0.0], "prefill": [0.0, 0.0]}  # measured, predicted seconds
+    forward = dataclasses.replace(cost, e=0.0)  # the line's step without the front end's work
     for sample in own:
         kind = "prefill" if sample.prefill_tokens else "decode"
         size = sample.prefill_tokens or sample.decode_tokens
         count = run_steps[f"{kind} {size}"][0]
-        line = cost.a + cost.b * sample.prefill_tokens + cost.c * sample.decode_tokens + cost.d * sample.kv_tokens_read
+        line = forward.expected_seconds(sample.prefill_tokens, sample.decode_tokens, sample.kv_tokens_read)
         totals[kind][0] += count * sample.seconds
         totals[kind][1] += count * line
         print(f"{kind + ' ' + str(size):>12s} {count:7d} {sample.seconds * 1e3:12.2f} {line * 1e3:10.2f} "

@@ -302,14 +302,14 @@ class Engine:
         if plan.aborts:
             self._apply_aborts(plan)
         budgeted = len(self.batch)  # the decodes the budget counted (rows joining now come on top)
+        prompt_tokens = sum(n for _, n in plan.chunks)
         if plan.chunks:
             start = time.perf_counter()
             self._guarded(self._prefill, plan.chunks, [r for r, _ in plan.chunks])
             seconds = time.perf_counter() - start
             self.prefill_seconds += seconds
-            tokens = sum(n for _, n in plan.chunks)
-            passes, total = self.prefill_by_tokens.get(tokens, (0, 0.0))
-            self.prefill_by_tokens[tokens] = (passes + 1, total + seconds)  # one store: stats() reads it
+            passes, total = self.prefill_by_tokens.get(prompt_tokens, (0, 0.0))
+            self.prefill_by_tokens[prompt_tokens] = (passes + 1, total + seconds)  # one store: stats() reads it
         if self.batch.rows:
             start = time.perf_counter()
             rows = list(self.batch.rows)
@@ -320,7 +320,7 @@ class Engine:
             steps, total, read = self.decode_by_batch.get(len(rows), (0, 0.0, 0))
             self.decode_by_batch[len(rows)] = (steps + 1, total + seconds, read + held)  # one store: stats() reads it
         self.iterations.append((started, time.perf_counter() - started))
-        self.budget_used.append((budgeted, sum(n for _, n in plan.chunks)))
+        self.budget_used.append((budgeted, prompt_tokens))
         return False
 
     def _apply_aborts(self, plan: Schedule) -> None:

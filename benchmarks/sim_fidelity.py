@@ -73,13 +73,17 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
 VLLM_START_TIMEOUT_S = 600  # torch.compile on a busy 2-core machine
 VLLM_MAX_MODEL_LEN = 1024
+SERVER_TTFT = "vllm:time_to_first_token_seconds"  # the course's server keeps vLLM's name (its /metrics)
 PREFILL_LENGTHS = (16, 64, 128, 256, 512)
 DECODE_CONTEXTS = (32, 256)
 DECODE_BATCHES = (1, 2, 4, 16)  # 2: where a Poisson run at 5 req/s decodes (mean batch 2-2.5)
 DECODE_OUTPUT = 64
 RUN_STEPS_LEAST = 20  # decode steps of one batch size in the run before its mean is compared with the line
 RUN_PREFILLS_LEAST = 5  # and prefill passes of one prompt size
-PREFILL_PASSES = "prefill_passes.json"  # in a calibration round's folder: {prompt tokens: [passes, seconds]}
+# In a calibration round's folder: {prompt tokens: [passes, seconds, the server's TTFT seconds, requests]}, the
+# last two from its /metrics (vllm:time_to_first_token_seconds: from the engine's arrival stamp to the
+# event loop's handling of the first token); folders kept before 2026-12-03 evening have the first two.
+PREFILL_PASSES = "prefill_passes.json"
 
 
 def course_server_command(port: int, max_batch_size: int, max_prefill_tokens: int) -> list[str]:
@@ -130,19 +134,24 @@ def calibrate(port: int, work: Path, counters: bool = False) -> list[StepSample]
     """Step-time samples from small controlled runs (none of them is the run to predict).
 
     ``counters``: the server counts its steps (the course's): the prefill passes each prefill
-    microbenchmark cost inside the server go to ``work/prefill_passes.json``, so that the front end's
-    share of the TTFT can be told apart (:func:`front_end_per_request`).
+    microbenchmark cost inside the server, and the TTFT the server measured from its engine's arrival
+    stamp, go to ``work/prefill_passes.json``, so that the front end's share of the TTFT can be told
+    apart (:func:`front_end_per_request`), and what of it comes before the engine sees a request
+    (:func:`before_engine_share`).
     """
     work.mkdir(parents=True, exist_ok=True)
     passes = {}
     for prompt in PREFILL_LENGTHS:
         before = server_step_counters(port) if counters else {}
+        ttft_before = vllm_metric_sums(port) if counters else {}
         bench(port, prefill_file(work, prompt), "--concurrency", "1", "--num-requests", "8",
               "--prompt-tokens", str(prompt), "--output-tokens", "2", "--seed", "101")  # fmt: skip
         if counters:
-            after = server_step_counters(port)
+            after, ttft_after = server_step_counters(port), vllm_metric_sums(port)
             keys = [key for key in after if key.startswith("prefill")]
             passes[str(prompt)] = [sum(after[k][i] - before.get(k, (0, 0.0, 0))[i] for k in keys) for i in (0, 1)]
+            passes[str(prompt)] += [ttft_after.get(name, 0.0) - ttft_before.get(name, 0.0)
+                                    for name in (SERVER_TTFT + "_sum", SERVER_TTFT + "_count")]  # fmt: skip
     if counters:
         (work / PREFILL_PASSES).write_text(json.dumps(passes))
     for context in DECODE_CONTEXTS:
@@ -275,6 +284,28 @@ def run_step_samples(run_steps: dict[str, list]) -> list[StepSample]:
     return sorted(samples, key=lambda s: (s.prefill_tokens, s.decode_tokens))
 
 
+def before_engine_share(folders: list[Path], passes: list[dict[str, list]]) -> float | None:
+    """The fraction of a lone request's front-end time (its TTFT at the client minus its prefill pass
+    inside the server) that comes before the engine sees it, from the prefill microbenchmarks: the
+    client's TTFT minus the server's own (from its engine's arrival stamp, :data:`SERVER_TTFT`) is
+    what lies before (the HTTP request, parsing, tokenizing, and the first chunk's way to the
+    client); the server's TTFT minus the pass is the hand-off and the first token's way out of the
+    engine. Means over every prompt size and round; None without the server's TTFTs (a folder kept
+    before they were recorded)."""
+    before = outside = 0.0
+    for folder, counted in zip(folders, passes):
+        for prompt, entry in counted.items():
+            if len(entry) < 4 or not entry[0] or not entry[3]:
+                continue
+            traces = [t for t in load_traces(prefill_file(folder, int(prompt))) if t.chunk_times]
+            client = statistics.fmean(t.chunk_times[0] - t.send_time for t in traces)
+            before += client - entry[2] / entry[3]
+            outside += client - entry[1] / entry[0]
+    if outside <= 0:
+        return None
+    return min(max(before / outside, 0.0), 1.0)
+
+
 def front_end_per_request(rounds: list[list[StepSample]], passes: list[dict[str, list]]) -> float | None:
     """What a request costs outside the server's prefill pass (s): each prefill microbenchmark's median
     TTFT minus its mean pass inside the server (``calibrate(..., counters=True)``), averaged over the
@@ -325,12 +356,15 @@ def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConf
     prefilled = any(s.prefill_tokens for s in own)
     if not prefilled:  # no prefill size counted often enough: keep the calibration's b
         line = dataclasses.replace(line, b=cost.b)
+    fitted = cost.e + cost.before_engine
     if front_end is None or not prefilled:
-        front_end, source = cost.e, "the fitted e"
+        front_end, source = fitted, "the fitted e"
     else:
         source = "the calibration's median TTFTs minus the prefill passes the server counted in them"
-    print(f"front end per request: {front_end * 1e3:.2f} ms ({source}; the fitted e: {cost.e * 1e3:.2f} ms)")
-    knowing = dataclasses.replace(line, e=front_end, latency=cost.latency, spread=cost.spread,
+    print(f"front end per request: {front_end * 1e3:.2f} ms ({source}; the fitted e: {fitted * 1e3:.2f} ms)")
+    share = cost.before_engine / fitted if fitted else 0.0  # as much of it before the engine as fitted
+    knowing = dataclasses.replace(line, e=front_end * (1 - share), before_engine=front_end * share,
+                                  latency=cost.latency, spread=cost.spread,
                                   prefill_spread=cost.prefill_spread)  # fmt: skip
     replay = from_traces(measured, name="the measured run")
     model = metrics.summarize(knowing.delivered(simulate(replay, config, knowing).traces))
@@ -378,6 +412,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the server's --max-prefill-tokens (vLLM: --max-num-batched-tokens)")  # fmt: skip
     parser.add_argument("--rounds", type=int, help="calibration rounds, one before the run (course 3, vllm 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulated step-time spread")
+    parser.add_argument("--before-engine-share", type=float,
+                        help="the share of the course server's front-end time before its engine sees a request "
+                             "(default: as the calibration measured it; 0 for folders kept without it)")  # fmt: skip
     parser.add_argument("--keep", help="keep the trace files in this folder")
     parser.add_argument("--replay", metavar="DIR",
                         help="fit and simulate the run a --keep folder holds again, without a server")  # fmt: skip
@@ -473,7 +510,7 @@ def measure(
         print("calibration before the run (microbenchmarks against the server):", flush=True)
         counted = args.engine == "course"  # the course's server counts its steps (/health)
         rounds = [calibrate(args.port, work / "before", counted)]
-        cost = LinearCost.fit(merge_rounds(rounds), front_end=front_end, seed=args.seed)
+        cost = fitted_cost(args, front_end, merge_rounds(rounds), counted_passes([work / "before"]))
         capacity = saturation_rate(config, cost, args.prompt_tokens, args.output_tokens, 4 * args.max_batch_size)
         rate = args.rate or args.load * capacity
         print(f"simulated capacity {capacity:.2f} req/s ({args.prompt_tokens} + {args.output_tokens} tokens, all "
@@ -549,12 +586,25 @@ def round_folders(work: Path, rounds: int) -> list[Path]:
 
 
 def counted_passes(folders: list[Path]) -> dict:
-    """``{"calibration_passes": [...]}``: each round's prefill passes as the server counted them
-    (:func:`calibrate`), or {} when a round has none (vLLM, or a folder kept before they were counted)."""
+    """``{"calibration_passes": [...], "before_engine_share": f}``: each round's prefill passes as the
+    server counted them (:func:`calibrate`) and the share of the front end's time before the engine
+    (:func:`before_engine_share`, when the rounds recorded the server's TTFTs), or {} when a round has
+    none (vLLM, or a folder kept before they were counted)."""
     paths = [folder / PREFILL_PASSES for folder in folders]
     if not all(path.exists() for path in paths):
         return {}
-    return {"calibration_passes": [json.loads(path.read_text()) for path in paths]}
+    passes = [json.loads(path.read_text()) for path in paths]
+    share = before_engine_share(folders, passes)
+    return {"calibration_passes": passes, **({} if share is None else {"before_engine_share": share})}
+
+
+def fitted_cost(args: argparse.Namespace, front_end: str, samples: list[StepSample], facts: dict) -> LinearCost:
+    """The cost fitted to the calibration: with the share of the front end's work before the engine
+    (``--before-engine-share``, else as the calibration measured it, else none)."""
+    share = args.before_engine_share
+    if share is None:
+        share = facts.get("before_engine_share", 0.0) if front_end == "step" else 0.0
+    return LinearCost.fit(samples, front_end=front_end, seed=args.seed, before_engine_share=share)
 
 
 def report(
@@ -564,9 +614,14 @@ def report(
     """Fit the cost to the calibration, replay the run through the simulator, print the errors."""
     rate, capacity = facts["rate"], facts["capacity"]
     samples = merge_rounds(rounds)
-    cost = LinearCost.fit(samples, front_end=front_end, seed=args.seed)
+    cost = fitted_cost(args, front_end, samples, facts)
     line = LinearCost.fit(samples, front_end="none", spread=False)
     print(f"\nfitted {cost.describe()}")
+    if cost.before_engine:
+        source = ("--before-engine-share" if args.before_engine_share is not None else
+                  "the prefill microbenchmarks' TTFTs at the client, at the server and inside the engine")  # fmt: skip
+        print(f"  of a lone request's front-end time, {cost.before_engine / (cost.before_engine + cost.e):.0%} comes "
+              f"before the engine sees it ({source}): under load the request waits for it")  # fmt: skip
     print(f"the plain four-term line: {line.describe()}")
 
     replay = from_traces(measured, name="the measured run")

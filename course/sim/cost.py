@@ -272,6 +272,12 @@ class LinearCost:
         e: seconds per prompt the step starts (:func:`prompts_started`): the front end's work per
             request where it shares the engine's CPU (parsing, tokenizing, the hand-off to the
             engine, the first token's way out), so running requests wait for it too.
+        before_engine: seconds of the front end's work on each request before the engine can schedule
+            it (reading, parsing and tokenizing it), where the front end shares the engine's core: the
+            request reaches the queue that long after it arrives, twice that long when it arrives
+            during a step (:class:`course.sim.rules.FrontDoor`; iteration-level schedulers). With
+            ``e``, what a lone request's TTFT costs beyond the forward pass; ``e`` is the part the
+            step that prefills it pays (the hand-off, the first token's way out).
         latency: seconds every request spends off the engine's steps (a front end in another
             process: tokenizing, the hand-off to the engine core, the output path). It delays every
             token of a request alike, so it moves TTFT and E2E, not the gaps; the simulator does not
@@ -289,13 +295,14 @@ class LinearCost:
     c: float
     d: float
     e: float = 0.0
+    before_engine: float = 0.0
     latency: float = 0.0
     spread: tuple[float, ...] = ()
     prefill_spread: tuple[float, ...] = ()
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("e", "latency"):
+        for name in ("e", "before_engine", "latency"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"LinearCost.{name} must be >= 0 seconds, got {value!r}")
@@ -367,6 +374,8 @@ class LinearCost:
         )
         if self.e:
             text += f" + {self.e * 1e3:.3g} ms/prompt started"
+        if self.before_engine:
+            text += f"; {self.before_engine * 1e3:.3g} ms of front-end work before the engine sees a request"
         if self.latency:
             text += f"; {self.latency * 1e3:.3g} ms front-end latency per request"
         for name, quantiles in (("decode", self.spread), ("prefill", self.prefill_spread)):
@@ -379,11 +388,11 @@ class LinearCost:
 
     def predict(self, samples: Sequence[StepSample]) -> np.ndarray:
         """What each sample's microbenchmark should measure (s): the expected step, plus ``latency``
-        for a prefill (a TTFT includes the front end's time)."""
+        and ``before_engine`` for a prefill (a lone request's TTFT includes the front end's time)."""
         return np.array(
             [
                 self.expected_seconds(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read)
-                + (self.latency if s.prefill_tokens > 0 else 0.0)
+                + (self.latency + self.before_engine if s.prefill_tokens > 0 else 0.0)
                 for s in samples
             ]
         )
@@ -396,6 +405,7 @@ class LinearCost:
         front_end: str = "step",
         spread: bool = True,
         seed: int = 0,
+        before_engine_share: float = 0.0,
     ) -> LinearCost:
         """Least-squares fit with every coefficient >= 0, and the spread of the samples' deviations.
 
@@ -412,11 +422,23 @@ class LinearCost:
         vLLM's API server, that delays the request without stalling the steps) or "none" (the plain
         four-term line, which spreads the front end's work over every step's intercept).
 
+        ``before_engine_share`` (front_end "step"): the fraction of the per-prompt term that the front
+        end spends before the engine sees the request (``before_engine``), measured on the server
+        (``benchmarks/sim_fidelity.py`` reads it off its ``/metrics``); the rest stays ``e``. A lone
+        request's TTFT is the same either way; under load the share waits for the front end.
+
         ``spread=True`` with samples that carry ``deviations``: :func:`fit_spread` over the decode
         samples and over the prefill samples gives ``spread`` and ``prefill_spread``.
         """
         if front_end not in FRONT_END:
             raise ValueError(f"front_end must be one of {', '.join(FRONT_END)}; got {front_end!r}")
+        if not 0.0 <= before_engine_share <= 1.0:
+            raise ValueError(f"before_engine_share is a fraction from 0 to 1, got {before_engine_share!r}")
+        if before_engine_share and front_end != "step":
+            raise ValueError(
+                "before_engine_share splits the per-prompt term of front_end='step'; "
+                f"with front_end={front_end!r} there is none to split"
+            )
         if len(samples) < 2:
             raise ValueError(f"fitting a linear cost needs at least 2 measured steps, got {len(samples)}")
         x = np.array(
@@ -445,7 +467,10 @@ class LinearCost:
                     best = np.zeros(x.shape[1])
                     best[list(subset)] = coef
         a, b, c, d, per_prompt = (float(v) for v in best)
-        terms = {"latency": per_prompt} if front_end == "latency" else {"e": per_prompt}
+        if front_end == "latency":
+            terms = {"latency": per_prompt}
+        else:
+            terms = {"e": per_prompt * (1.0 - before_engine_share), "before_engine": per_prompt * before_engine_share}
         if spread:
             terms["spread"] = fit_spread([s for s in samples if s.prefill_tokens == 0])
             terms["prefill_spread"] = fit_spread([s for s in samples if s.prefill_tokens > 0])

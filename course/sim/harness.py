@@ -190,12 +190,18 @@ def run(
     running: list[SimRequest] = []
     now, arrived = 0.0, 0
     finishing: list[SimRequest] = []  # async scheduling: finished in the last step, not yet freed
+    front = rules.FrontDoor(getattr(cost, "before_engine", 0.0))
+    step_start = None  # when the step that just ended started (None after idling): who arrived during it
     for _ in range(max_steps):
-        arrived = _arrive(requests, arrived, now, running, waiting, blocks, limits, result.rejected)
+        arrived = _arrive(requests, arrived, now, running, waiting, blocks, limits, result.rejected, front, step_start)
         if not running and not waiting:
-            if arrived == len(requests):
+            if arrived == len(requests) and not front:
                 return result
-            now = max(now, requests[arrived].arrival_time)  # idle: jump to the next arrival
+            upcoming = [requests[arrived].arrival_time] if arrived < len(requests) else []
+            if front:
+                upcoming.append(front.next_ready())
+            now = max(now, min(upcoming))  # idle: jump to the next arrival, or the next request the front end readies
+            step_start = None
             continue
         scheduled, load, queued = _schedule(step, running, waiting, blocks, len(result.log))
         if async_scheduling and finishing:  # the previous step's output is processed after this schedule
@@ -210,7 +216,7 @@ def run(
             )
         end = now + cost.step_seconds(*load)
         result.log.add(now, end, *load, len(scheduled), blocks.num_blocks - blocks.num_free_blocks, queued)
-        now = end
+        step_start, now = now, end
         finished = _compute(scheduled, len(result.log) - 1)
         if async_scheduling:
             finishing = finished
@@ -228,16 +234,27 @@ def _arrive(
     blocks,
     limits: tuple[int | None, int, int | None],
     rejected: list[str],
+    front: rules.FrontDoor | None = None,
+    step_start: float | None = None,
 ) -> int:
     """Queue the requests that arrived by ``now`` (from index ``arrived`` on), rejecting those that could
     never run and shedding those beyond ``max_num_queued_reqs``; returns the index of the next arrival.
 
     ``limits``: (``max_model_len``, ``watermark_blocks``, ``max_num_queued_reqs``), as :func:`run` takes them.
+    ``front``: with front-end work per request (:class:`course.sim.rules.FrontDoor`), an arrival waits
+    there first (a busy one if it came after ``step_start``, during the step that just ended) and
+    the checks happen when it reaches the queue.
     """
     max_model_len, watermark_blocks, max_num_queued_reqs = limits
+    arrivals = []
     while arrived < len(requests) and requests[arrived].arrival_time <= now:
-        request = requests[arrived]
+        arrivals.append(requests[arrived])
         arrived += 1
+    if front is not None and front.seconds:
+        for request in arrivals:
+            front.arrive(request, request.arrival_time, step_start is not None and request.arrival_time > step_start)
+        arrivals = front.release(now)
+    for request in arrivals:
         request.error = rejection(
             request.prompt_tokens,
             request.output_tokens,

@@ -46,6 +46,11 @@ vLLM 0.32's admission rules for V1:
   num_output_placeholders - num_computed_tokens`` = 1 token, the same blocks as synchronous.
   :func:`course.sim.harness.run` (``async_scheduling=True``) and :func:`course.sim.simulate`
   implement it; ``tests/oracle/test_scheduler.py`` drives ``AsyncScheduler`` step by step against them.
+* :class:`FrontDoor`: a request reaches the scheduler only after the front end's work on it (reading,
+  parsing and tokenizing it), ``LinearCost.before_engine`` seconds, twice that when it arrives while
+  the engine is busy: in module 2's server the event loop and the tokenizer thread share the engine's
+  core, so while a step runs each gets half of it (vLLM's API server is another process and costs
+  the engine nothing here, ``LinearCost.latency``).
 * :func:`queue_full`: load shedding in the API server: with ``max_num_queued_reqs`` a request that
   arrives while that many are unfinished is refused with HTTP 503 and counted in
   ``vllm:admission_rejections_total`` (``AsyncLLM``, ``QueueOverflowError``).
@@ -55,6 +60,7 @@ Paths are relative to the ``vllm`` package of the release :mod:`course.vllm_rele
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator, Sequence
 
 from course.units import cdiv
@@ -103,6 +109,46 @@ def long_prefill_threshold(threshold: int, token_budget: int, num_requests: int,
 def queue_full(unfinished: int, max_num_queued_reqs: int | None) -> bool:
     """Whether an arriving request is shed: ``unfinished`` requests (waiting or running) already at the limit."""
     return max_num_queued_reqs is not None and unfinished + 1 > max_num_queued_reqs
+
+
+# The front end's work takes this many times longer when it arrives while the engine is busy: two
+# runnable threads on one core, each getting half of it.
+SHARED_CORE_SLOWDOWN = 2.0
+
+
+class FrontDoor:
+    """Requests the front end is still reading, parsing and tokenizing, released to the scheduler's
+    queue in the order they are ready.
+
+    ``seconds``: the front end's work per request (``LinearCost.before_engine``). A request that
+    arrives while a step runs shares the core with it, so its work takes ``SHARED_CORE_SLOWDOWN``
+    times longer; one that arrives while the engine idles has the core to itself.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._heap: list[tuple[float, int, object]] = []
+        self._arrivals = 0  # tie-break: among requests ready at once, the earlier arrival goes first
+
+    def arrive(self, request, arrival_time: float, busy: bool) -> None:
+        """Take ``request``, which arrived at ``arrival_time`` (s) while a step ran (``busy``) or not."""
+        work = self.seconds * (SHARED_CORE_SLOWDOWN if busy else 1.0)
+        heapq.heappush(self._heap, (arrival_time + work, self._arrivals, request))
+        self._arrivals += 1
+
+    def release(self, now: float) -> list:
+        """The requests whose front-end work is done by ``now``, in the order they became ready."""
+        ready = []
+        while self._heap and self._heap[0][0] <= now:
+            ready.append(heapq.heappop(self._heap)[2])
+        return ready
+
+    def next_ready(self) -> float | None:
+        """When the next request will be ready (s), or None when the front end holds none."""
+        return self._heap[0][0] if self._heap else None
+
+    def __len__(self) -> int:
+        return len(self._heap)
 
 
 # --- how many tokens, and who joins --------------------------------------------------------------

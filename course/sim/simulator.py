@@ -241,6 +241,7 @@ class _IterativeRun:
         self.finishing: list[_FastRequest] = []
         self.admissions = 0
         self.step_seconds = cost.step_seconds
+        self.front = rules.FrontDoor(getattr(cost, "before_engine", 0.0))
         self.log = StepLogBuilder()
         self.waiting: deque[_FastRequest] = deque()
         self.running: list[_FastRequest] = []
@@ -256,28 +257,44 @@ class _IterativeRun:
 
     def run(self) -> StepLogBuilder:
         """Step until every request has finished (or was rejected); jump over idle time to the next arrival."""
-        requests, waiting = self.requests, self.waiting
+        requests, waiting, front = self.requests, self.waiting, self.front
         now, next_arrival, total = 0.0, 0, len(requests)
         last_step_prefilled = False
+        step_start = None  # when the step that just ended started (None after idling): who arrived during it
         while True:
-            while next_arrival < total and requests[next_arrival].spec.arrival_time <= now:
-                r = requests[next_arrival]
-                next_arrival += 1
-                unfinished = len(self.running) + len(self.finishing) + len(waiting)
-                if r.error is None and rules.queue_full(unfinished, self.max_queued):
-                    r.error = rules.QUEUE_FULL
-                if r.error is None:
-                    waiting.append(r)
+            if front.seconds:  # the front end reads and tokenizes them first (rules.FrontDoor)
+                while next_arrival < total and requests[next_arrival].spec.arrival_time <= now:
+                    r = requests[next_arrival]
+                    next_arrival += 1
+                    front.arrive(r, r.spec.arrival_time, step_start is not None and r.spec.arrival_time > step_start)
+                self._queue(front.release(now))
+            else:
+                while next_arrival < total and requests[next_arrival].spec.arrival_time <= now:
+                    self._queue((requests[next_arrival],))
+                    next_arrival += 1
             if not self.running and not waiting:
                 if self.finishing:  # an empty scheduling pass frees them; no step runs
                     self._free_finishing()
-                if next_arrival == total:
+                if next_arrival == total and not front:
                     return self.log
-                now = max(now, requests[next_arrival].spec.arrival_time)
+                upcoming = requests[next_arrival].spec.arrival_time if next_arrival < total else front.next_ready()
+                if front:
+                    upcoming = min(upcoming, front.next_ready())
+                now, step_start = max(now, upcoming), None
                 continue
             # V0 decodes only when no prompt can start; module 2's loop also right after a prefill step
             decode_only = self.decode_after_prefill and rules.decode_only(last_step_prefilled, self.running)
+            step_start = now
             now, last_step_prefilled = self._step(now, decode_only)
+
+    def _queue(self, arrivals) -> None:
+        """Put requests that reached the scheduler in the waiting queue, shedding them when it is full."""
+        for r in arrivals:
+            unfinished = len(self.running) + len(self.finishing) + len(self.waiting)
+            if r.error is None and rules.queue_full(unfinished, self.max_queued):
+                r.error = rules.QUEUE_FULL
+            if r.error is None:
+                self.waiting.append(r)
 
     def _step(self, now: float, decode_only: bool) -> tuple[float, bool]:
         """Schedule, compute and log the step that starts at ``now``; returns (its end, whether it admitted)."""

@@ -15,7 +15,11 @@
    request costs outside the forward pass (``e`` per prompt started, on the engine's CPU, for the
    course's server, whose event loop shares core 0 with its engine thread; a ``latency`` off the
    steps for vLLM, whose API server is another process) and the step-time spread (the single steps'
-   deviations). The microbenchmarks run in rounds (three for the course's server, two for vLLM), one
+   deviations). For the course's server the prefill microbenchmarks also read its own TTFT (its
+   ``/metrics``, from its engine's arrival stamp) and its prefill passes (``/health``): the share of
+   a request's time outside the pass that comes before the engine sees it becomes
+   ``before_engine``, which under load the request waits for, twice as long while a step runs
+   (``course.sim.rules.FrontDoor``). The microbenchmarks run in rounds (three for the course's server, two for vLLM), one
    before the run, the others between its parts and after it; the fit uses each one's mean over the
    rounds.
 3. **The run to predict**: Poisson arrivals measured with ``course bench --request-rate ... --output``,
@@ -63,7 +67,8 @@ from pathlib import Path
 from _processes import CLIENT_CORE, SERVER_CORE, pinned, single_thread_env, start_server, stop
 
 from course import metrics, noise
-from course.capacity import decode_sample, prefill_sample, server_sim_config
+from course.capacity import FrontEndSplit, decode_sample, prefill_sample, server_prefill_counters, server_sim_config
+from course.capacity import before_engine_share as capacity_share
 from course.sim import LinearCost, SimConfig, StepSample, simulate
 from course.trace import load_traces, save_traces
 from course.workload import all_at_once, from_traces
@@ -73,7 +78,6 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
 VLLM_START_TIMEOUT_S = 600  # torch.compile on a busy 2-core machine
 VLLM_MAX_MODEL_LEN = 1024
-SERVER_TTFT = "vllm:time_to_first_token_seconds"  # the course's server keeps vLLM's name (its /metrics)
 PREFILL_LENGTHS = (16, 64, 128, 256, 512)
 DECODE_CONTEXTS = (32, 256)
 DECODE_BATCHES = (1, 2, 4, 16)  # 2: where a Poisson run at 5 req/s decodes (mean batch 2-2.5)
@@ -142,16 +146,13 @@ def calibrate(port: int, work: Path, counters: bool = False) -> list[StepSample]
     work.mkdir(parents=True, exist_ok=True)
     passes = {}
     for prompt in PREFILL_LENGTHS:
-        before = server_step_counters(port) if counters else {}
-        ttft_before = vllm_metric_sums(port) if counters else {}
+        before = server_prefill_counters(f"http://127.0.0.1:{port}") if counters else None
         bench(port, prefill_file(work, prompt), "--concurrency", "1", "--num-requests", "8",
               "--prompt-tokens", str(prompt), "--output-tokens", "2", "--seed", "101")  # fmt: skip
-        if counters:
-            after, ttft_after = server_step_counters(port), vllm_metric_sums(port)
-            keys = [key for key in after if key.startswith("prefill")]
-            passes[str(prompt)] = [sum(after[k][i] - before.get(k, (0, 0.0, 0))[i] for k in keys) for i in (0, 1)]
-            passes[str(prompt)] += [ttft_after.get(name, 0.0) - ttft_before.get(name, 0.0)
-                                    for name in (SERVER_TTFT + "_sum", SERVER_TTFT + "_count")]  # fmt: skip
+        after = server_prefill_counters(f"http://127.0.0.1:{port}") if counters else None
+        if before and after:
+            ttft_seconds, requests, count, seconds = (later - earlier for earlier, later in zip(before, after))
+            passes[str(prompt)] = [count, seconds, ttft_seconds, requests]
     if counters:
         (work / PREFILL_PASSES).write_text(json.dumps(passes))
     for context in DECODE_CONTEXTS:
@@ -287,23 +288,20 @@ def run_step_samples(run_steps: dict[str, list]) -> list[StepSample]:
 def before_engine_share(folders: list[Path], passes: list[dict[str, list]]) -> float | None:
     """The fraction of a lone request's front-end time (its TTFT at the client minus its prefill pass
     inside the server) that comes before the engine sees it, from the prefill microbenchmarks: the
-    client's TTFT minus the server's own (from its engine's arrival stamp, :data:`SERVER_TTFT`) is
+    client's TTFT minus the server's own (from its engine's arrival stamp, on its /metrics) is
     what lies before (the HTTP request, parsing, tokenizing, and the first chunk's way to the
     client); the server's TTFT minus the pass is the hand-off and the first token's way out of the
     engine. Means over every prompt size and round; None without the server's TTFTs (a folder kept
     before they were recorded)."""
-    before = outside = 0.0
+    splits = []
     for folder, counted in zip(folders, passes):
         for prompt, entry in counted.items():
             if len(entry) < 4 or not entry[0] or not entry[3]:
                 continue
             traces = [t for t in load_traces(prefill_file(folder, int(prompt))) if t.chunk_times]
             client = statistics.fmean(t.chunk_times[0] - t.send_time for t in traces)
-            before += client - entry[2] / entry[3]
-            outside += client - entry[1] / entry[0]
-    if outside <= 0:
-        return None
-    return min(max(before / outside, 0.0), 1.0)
+            splits.append(FrontEndSplit(client, entry[2] / entry[3], entry[1] / entry[0]))
+    return capacity_share(splits) if splits else None
 
 
 def front_end_per_request(rounds: list[list[StepSample]], passes: list[dict[str, list]]) -> float | None:
@@ -313,7 +311,7 @@ def front_end_per_request(rounds: list[list[StepSample]], passes: list[dict[str,
     outside = []
     for samples, counted in zip(rounds, passes):
         for sample in samples:
-            n, seconds = counted.get(str(sample.prefill_tokens), (0, 0.0)) if sample.prefill_tokens else (0, 0.0)
+            n, seconds = counted.get(str(sample.prefill_tokens), (0, 0.0))[:2] if sample.prefill_tokens else (0, 0.0)
             if n:
                 outside.append(sample.seconds - seconds / n)
     return statistics.fmean(outside) if outside else None

@@ -27,7 +27,7 @@ import functools
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from course import metrics
@@ -274,11 +274,90 @@ def server_sim_config(max_batch_size: int, max_prefill_tokens: int, num_blocks: 
 
 
 @dataclass(frozen=True)
+class FrontEndSplit:
+    """Where a lone request's time outside its prefill pass goes, from one prefill microbenchmark
+    (means over its requests, s).
+
+    ``client_ttft``: at the client. ``server_ttft``: the server's own (``vllm:time_to_first_token_seconds``
+    on its ``/metrics``: from its engine's arrival stamp to the event loop's handling of the first
+    token). ``prefill_pass``: the pass inside the engine (``prefill_steps_by_tokens`` on ``/health``).
+    """
+
+    client_ttft: float
+    server_ttft: float
+    prefill_pass: float
+
+    @property
+    def before_engine(self) -> float:
+        """Before the engine sees the request: the HTTP request, parsing, tokenizing, and the first
+        chunk's way from the event loop to the client (s)."""
+        return self.client_ttft - self.server_ttft
+
+    @property
+    def outside_pass(self) -> float:
+        """All of the TTFT outside the prefill pass (s)."""
+        return self.client_ttft - self.prefill_pass
+
+
+@dataclass(frozen=True)
 class CalibrationSample(StepSample):
     """A measured step for :meth:`course.sim.LinearCost.fit`, with the spread of the per-request
-    values (s) whose median is ``seconds``: on a quiet runtime they agree, on a busy one they scatter."""
+    values (s) whose median is ``seconds``: on a quiet runtime they agree, on a busy one they scatter;
+    a prefill's ``front_end`` when the server reports its own TTFT and prefill passes (module 2's)."""
 
     spread: Spread | None = None
+    front_end: FrontEndSplit | None = None
+
+
+def before_engine_share(measured: Sequence[FrontEndSplit | CalibrationSample]) -> float:
+    """The fraction of a lone request's time outside its prefill pass that comes before the engine
+    sees it: ``LinearCost.fit(..., before_engine_share=...)``.
+
+    ``measured``: :class:`FrontEndSplit` records, or calibration samples (those without one are
+    skipped). Summed over them, clipped to [0, 1]; 0.0 when none was measured (a server that does not
+    report its TTFT and prefill passes, whose front end is then all on the prefill step).
+    """
+    splits = [m.front_end if isinstance(m, CalibrationSample) else m for m in measured]
+    splits = [split for split in splits if split is not None]
+    outside = sum(split.outside_pass for split in splits)
+    if outside <= 0:
+        return 0.0
+    return min(max(sum(split.before_engine for split in splits) / outside, 0.0), 1.0)
+
+
+def server_prefill_counters(base_url: str) -> tuple[float, float, float, float] | None:
+    """The server's TTFT so far (seconds summed, requests) from ``/metrics`` and its prefill passes
+    (passes, seconds) from ``/health``; None when it reports either not (vLLM's /health is empty).
+    Two readings around a run of lone requests give a :class:`FrontEndSplit`."""
+    import httpx
+
+    from course.vllm_lab import metric_value, parse_metrics
+
+    name = "vllm:time_to_first_token_seconds"
+    try:
+        health = httpx.get(f"{base_url}/health", timeout=10).json()
+        snapshot = parse_metrics(httpx.get(f"{base_url}/metrics", timeout=10).text)
+        ttft = (metric_value(snapshot, name + "_sum"), metric_value(snapshot, name + "_count"))
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+    if not isinstance(health, dict) or "prefill_steps_by_tokens" not in health:
+        return None
+    passes = health["prefill_steps_by_tokens"].values()
+    return (*ttft, float(sum(n for n, _ in passes)), float(sum(seconds for _, seconds in passes)))
+
+
+def front_end_split(
+    traces: Sequence[RequestTrace], before: tuple[float, ...] | None, after: tuple[float, ...] | None
+) -> FrontEndSplit | None:
+    """The :class:`FrontEndSplit` of a run of lone requests, from :func:`server_prefill_counters` read
+    before and after it; None without both readings or without requests counted in between."""
+    ttfts = [metrics.ttft(t) for t in traces if t.succeeded]
+    if before is None or after is None or not ttfts:
+        return None
+    ttft_seconds, requests, passes, pass_seconds = (later - earlier for earlier, later in zip(before, after))
+    if requests <= 0 or passes <= 0:
+        return None
+    return FrontEndSplit(statistics.fmean(ttfts), ttft_seconds / requests, pass_seconds / passes)
 
 
 def prefill_sample(traces: Sequence[RequestTrace], prompt_tokens: int) -> CalibrationSample:
@@ -357,8 +436,11 @@ def calibration_samples(
     (:func:`decode_sample`). (The method of ``benchmarks/sim_fidelity.py``.) Each sample carries the
     spread of the TTFTs or TPOTs it is the median of: ``course.noise.check([s.spread for s in
     samples], claim)`` says whether the runtime was quiet enough for them (it needs ``repeats >= 3``
-    to know a prefill's spread); and the deviations of its single steps, from which
-    :meth:`course.sim.LinearCost.fit` fits the step-time spread.
+    to know a prefill's spread); the deviations of its single steps, from which
+    :meth:`course.sim.LinearCost.fit` fits the step-time spread; and a prefill, on a server that
+    reports its own TTFT and prefill passes (module 2's), where its time outside the pass goes
+    (:class:`FrontEndSplit`): :func:`before_engine_share` of the samples is the share of it the
+    request spends before the engine sees it.
     """
     import httpx
 
@@ -377,9 +459,11 @@ def calibration_samples(
         ) from None
     samples = []
     for prompt in prefill_lengths:
+        counted = server_prefill_counters(base_url)
         run = run_load(base_url, all_at_once(repeats, prompt, 2), concurrency=1, progress=False, seed=seed)
         _raise_failures(run.traces, f"prefill calibration ({prompt} tokens)")
-        samples.append(prefill_sample(run.traces, prompt))
+        split = front_end_split(run.traces, counted, server_prefill_counters(base_url))
+        samples.append(replace(prefill_sample(run.traces, prompt), front_end=split))
     for context in decode_contexts:
         for batch in decode_batches:
             wave = all_at_once(batch * max(1, repeats // 2 + 1), context, decode_output)

@@ -180,6 +180,31 @@ def test_calibration_samples_against_the_reference_server_fit_a_cost():
     assert all(s.spread.low <= s.seconds <= s.spread.high for s in samples)
     verdict = noise.check([s.spread for s in samples], "the fit", load=None)
     assert not verdict.ok and "only 1 repeat(s) per point" in verdict.message
+    # The server reports its own TTFT and times its prefill passes: each prefill sample knows where its
+    # time outside the pass went, before the engine saw the request and after.
+    for sample in samples[:2]:
+        split = sample.front_end
+        assert split is not None and 0 < split.prefill_pass < split.server_ttft < split.client_ttft, split
+    assert samples[2].front_end is None  # decode waves carry none
+    assert 0 < capacity.before_engine_share(samples) < 1
+    fitted = LinearCost.fit(samples, before_engine_share=capacity.before_engine_share(samples))
+    assert fitted.before_engine > 0
+
+
+def test_the_share_of_the_front_end_before_the_engine():
+    # Client TTFT 20 ms, the server's own 17 ms, the pass 15 ms: 3 of the 5 ms outside it come first.
+    split = capacity.FrontEndSplit(client_ttft=0.020, server_ttft=0.017, prefill_pass=0.015)
+    assert split.before_engine == pytest.approx(0.003) and split.outside_pass == pytest.approx(0.005)
+    other = capacity.FrontEndSplit(client_ttft=0.030, server_ttft=0.029, prefill_pass=0.025)  # 1 of 5 ms
+    assert capacity.before_engine_share([split, other]) == pytest.approx(0.4)  # summed, not averaged ratios
+    assert capacity.before_engine_share([]) == 0.0  # a server that reports neither: all of it on the step
+    assert capacity.before_engine_share([capacity.FrontEndSplit(0.02, 0.019, 0.021)]) == 0.0  # noise below the pass
+    traces = [RequestTrace("a", 1.0, [1.020, 1.021], [1, 1]), RequestTrace("b", 2.0, [2.022, 2.023], [1, 1])]
+    # readings of the server's counters: TTFT seconds summed, requests, prefill passes, their seconds
+    measured = capacity.front_end_split(traces, (1.0, 10, 10, 0.5), (1.036, 12, 12, 0.53))
+    assert measured == capacity.FrontEndSplit(pytest.approx(0.021), pytest.approx(0.018), pytest.approx(0.015))
+    assert capacity.front_end_split(traces, None, (1.036, 12, 12, 0.53)) is None  # a server without them
+    assert capacity.front_end_split(traces, (1.0, 10, 10, 0.5), (1.0, 10, 10, 0.5)) is None  # nothing counted
 
 
 def test_calibration_reports_failed_requests():

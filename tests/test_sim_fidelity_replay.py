@@ -35,13 +35,17 @@ def keep_a_round(folder: Path) -> None:
             save_traces(sim_fidelity.decode_file(folder, context, batch), traces)
 
 
-def keep_a_run(folder: Path, run_steps: dict | None = None, passes: bool = False) -> None:
+def keep_a_run(folder: Path, run_steps: dict | None = None, passes: bool = False, server_ttft: float = 0.0) -> None:
     """What ``--keep`` leaves: three calibration rounds (with the prefill passes the server counted in
-    them when ``passes``), a run of 30 requests, its facts (with the server's step counters over it)."""
+    them when ``passes``, and with ``server_ttft`` > 0 the TTFTs it measured: the pass plus that many
+    seconds), a run of 30 requests, its facts (with the server's step counters over it)."""
     for name in ("before", "after1", "after2"):
         keep_a_round(folder / name)
         if passes:
             counted = {str(p): [8, 8 * PREFILL_PER_TOKEN * p] for p in sim_fidelity.PREFILL_LENGTHS}
+            if server_ttft:
+                for p, entry in counted.items():
+                    entry += [8 * (PREFILL_PER_TOKEN * int(p) + server_ttft), 8]
             (folder / name / sim_fidelity.PREFILL_PASSES).write_text(json.dumps(counted))
     save_traces(folder / "run.json", [request(str(i), 0.2 * i, 128, 64) for i in range(30)])
     facts = {"rate": 5.0, "capacity": 20.0, "during": "load average 1.0", "run_load": 0.5, "health": {}}
@@ -121,3 +125,26 @@ def test_the_front_end_is_the_calibrations_ttft_less_the_passes_the_server_count
     out = capsys.readouterr().out
     assert "front end per request: 5.00 ms (the calibration's median TTFTs minus the prefill passes" in out
     assert "prefill 128" in out and "over the prefill steps the line is" in out
+
+
+def test_the_share_of_the_front_end_before_the_engine_is_read_off_the_servers_ttft(tmp_path, capsys):
+    # The made-up server's TTFT at the client is its pass + 5 ms; its own TTFT (from the engine's arrival
+    # stamp) is the pass + 2 ms: 3 of the 5 ms come before the engine sees the request.
+    run_steps = {"decode 1": [1000, 1000 * STEP * (1 + 1 / 8), 1000 * 160],
+                 "prefill 128": [30, 30 * PREFILL_PER_TOKEN * 128, 0]}  # fmt: skip
+    keep_a_run(tmp_path, run_steps, passes=True, server_ttft=0.002)
+    folders = sim_fidelity.round_folders(tmp_path, 3)
+    facts = sim_fidelity.counted_passes(folders)
+    assert facts["before_engine_share"] == pytest.approx(0.6)
+    assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "of a lone request's front-end time, 60% comes before the engine sees it (the prefill" in out
+    # the front end the run's own steps are simulated with still reads the passes off the longer records
+    assert "front end per request: 5.00 ms (the calibration's median TTFTs minus the prefill passes" in out
+    # a folder kept before the server's TTFTs were recorded: no share, unless given
+    keep_a_run(tmp_path / "older", passes=True)
+    assert "before_engine_share" not in sim_fidelity.counted_passes(sim_fidelity.round_folders(tmp_path / "older", 3))
+    assert sim_fidelity.main(["--replay", str(tmp_path / "older")]) == 0
+    assert "comes before the engine sees it" not in capsys.readouterr().out
+    assert sim_fidelity.main(["--replay", str(tmp_path / "older"), "--before-engine-share", "0.5"]) == 0
+    assert "50% comes before the engine sees it (--before-engine-share)" in capsys.readouterr().out

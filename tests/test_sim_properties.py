@@ -253,6 +253,25 @@ def test_metrics_from_the_columns_equal_the_metrics_of_the_traces(work, config, 
     assert result.failed == sum(1 for r in result.requests if r.error)
 
 
+# Module 2's server: 3 ms of every request's front-end work on the step that prefills it, 20 ms before
+# the engine sees it, sharing the core with the steps it overlaps (rules.FrontDoor): long enough to
+# reorder who is admitted when and to stretch steps.
+FRONT_END_COST = LinearCost(a=0.01, b=0.001, c=0.002, d=1e-5, e=0.003, before_engine=0.02)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), configs())
+def test_with_the_front_ends_work_before_the_engine_the_fast_engine_still_matches_the_reference(work, config):
+    result = simulate(work, config, FRONT_END_COST)
+    expected, run = reference(work, config, FRONT_END_COST, check_blocks=True)
+    assert [t.chunk_times for t in result.traces] == [t.chunk_times for t in expected]
+    assert [bool(t.error) for t in result.traces] == [bool(t.error) for t in expected]
+    if run is not None:
+        as_result = run.result("reference", config.num_blocks, config.block_size)
+        for column in ("start", "end", "prefill_tokens", "decode_tokens", "num_seqs", "waiting"):
+            assert getattr(as_result.steps, column).tolist() == getattr(result.steps, column).tolist(), column
+
+
 @pytest.mark.parametrize(
     "settings",
     [

@@ -18,6 +18,7 @@ preempted by recompute keeps its generated tokens, gets ``computed = 0`` and pre
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -193,6 +194,11 @@ def run(
     front = rules.FrontDoor(getattr(cost, "before_engine", 0.0))
     step_start = None  # when the step that just ended started (None after idling): who arrived during it
     for _ in range(max_steps):
+        if front.seconds and step_start is not None:  # the front end's work on arrivals took part of the core
+            upcoming = (r.arrival_time for r in itertools.islice(requests, arrived, None))
+            stretched = front.stretch(step_start, now, upcoming)
+            if stretched != now:
+                now = result.log.end[-1] = stretched
         arrived = _arrive(requests, arrived, now, running, waiting, blocks, limits, result.rejected, front, step_start)
         if not running and not waiting:
             if arrived == len(requests) and not front:
@@ -214,7 +220,7 @@ def run(
                 f"the step scheduled nothing at t={now:.6g} s with {len(running)} running and {len(waiting)} "
                 f"waiting requests and {blocks.num_free_blocks} free blocks: the simulation would never end"
             )
-        end = now + cost.step_seconds(*load)
+        end = now + cost.step_seconds(*load) + front.taken()  # what the front end took from the engine's core
         result.log.add(now, end, *load, len(scheduled), blocks.num_blocks - blocks.num_free_blocks, queued)
         step_start, now = now, end
         finished = _compute(scheduled, len(result.log) - 1)

@@ -49,8 +49,8 @@ vLLM 0.32's admission rules for V1:
 * :class:`FrontDoor`: a request reaches the scheduler only after the front end's work on it (reading,
   parsing and tokenizing it), ``LinearCost.before_engine`` seconds, twice that when it arrives while
   the engine is busy: in module 2's server the event loop and the tokenizer thread share the engine's
-  core, so while a step runs each gets half of it (vLLM's API server is another process and costs
-  the engine nothing here, ``LinearCost.latency``).
+  core, so while a step runs each gets half of it, and the step is longer by the work
+  (vLLM's API server is another process and costs the engine nothing here, ``LinearCost.latency``).
 * :func:`queue_full`: load shedding in the API server: with ``max_num_queued_reqs`` a request that
   arrives while that many are unfinished is refused with HTTP 503 and counted in
   ``vllm:admission_rejections_total`` (``AsyncLLM``, ``QueueOverflowError``).
@@ -129,12 +129,36 @@ class FrontDoor:
         self.seconds = seconds
         self._heap: list[tuple[float, int, object]] = []
         self._arrivals = 0  # tie-break: among requests ready at once, the earlier arrival goes first
+        self._taken = 0.0  # seconds of the core the front end takes from the next step
 
     def arrive(self, request, arrival_time: float, busy: bool) -> None:
         """Take ``request``, which arrived at ``arrival_time`` (s) while a step ran (``busy``) or not."""
         work = self.seconds * (SHARED_CORE_SLOWDOWN if busy else 1.0)
         heapq.heappush(self._heap, (arrival_time + work, self._arrivals, request))
         self._arrivals += 1
+
+    def stretch(self, start: float, end: float, arrival_times: Iterable[float]) -> float:
+        """The end (s) of the step that ran from ``start`` to ``end`` once the front end's work on the
+        requests that arrived during it has taken its share of the core.
+
+        ``arrival_times``: the arrivals from the first one not yet taken in, in order. Each one that came
+        during the step (after ``start``, before its end as stretched so far) shares the core with it:
+        the step loses the work, or what was left of the step if that is less, and the next step
+        loses the rest (:meth:`taken`). Every request's work is paid once.
+        """
+        for arrival in arrival_times:
+            if arrival > end:
+                break
+            if arrival > start:
+                shared = min(self.seconds, end - arrival)
+                end += shared
+                self._taken += self.seconds - shared
+        return end
+
+    def taken(self) -> float:
+        """The engine's time the front end took from the next step since the last call (s)."""
+        taken, self._taken = self._taken, 0.0
+        return taken
 
     def release(self, now: float) -> list:
         """The requests whose front-end work is done by ``now``, in the order they became ready."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import gc
 import heapq
+import itertools
 import time
 from collections import deque
 
@@ -263,6 +264,11 @@ class _IterativeRun:
         step_start = None  # when the step that just ended started (None after idling): who arrived during it
         while True:
             if front.seconds:  # the front end reads and tokenizes them first (rules.FrontDoor)
+                if step_start is not None:  # its work on the step's arrivals took part of the core
+                    arrivals = (r.spec.arrival_time for r in itertools.islice(requests, next_arrival, None))
+                    stretched = front.stretch(step_start, now, arrivals)
+                    if stretched != now:
+                        now = self.log.end[-1] = stretched
                 while next_arrival < total and requests[next_arrival].spec.arrival_time <= now:
                     r = requests[next_arrival]
                     next_arrival += 1
@@ -338,6 +344,8 @@ class _IterativeRun:
                 "this is a bug in the simulator"
             )
         end = now + self.step_seconds(prefill, decode, kv_read, pairs)
+        if self.front.seconds:
+            end += self.front.taken()  # what the front end took from the engine's core (rules.FrontDoor)
         self.log.add(now, end, prefill, decode, kv_read, pairs, seqs, self.blocks.num_used_blocks, queued)
         self.step += 1
         if finished:

@@ -19,9 +19,9 @@
    ``/metrics``, from its engine's arrival stamp) and its prefill passes (``/health``): the share of
    a request's time outside the pass that comes before the engine sees it becomes
    ``before_engine``, which under load the request waits for, twice as long while a step runs
-   (``course.sim.rules.FrontDoor``). The microbenchmarks run in rounds (three for the course's server, two for vLLM), one
-   before the run, the others between its parts and after it; the fit uses each one's mean over the
-   rounds.
+   (``course.sim.rules.FrontDoor``). The microbenchmarks run in rounds (three for the course's
+   server, two for vLLM), one before the run, the others between its parts and after it; the fit
+   uses each one's mean over the rounds.
 3. **The run to predict**: Poisson arrivals measured with ``course bench --request-rate ... --output``,
    in parts between the calibration rounds (two parts with three rounds: round, part, round, part,
    round), so that the calibration and the run see the same stretch of a machine whose speed drifts;

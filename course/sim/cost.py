@@ -275,7 +275,7 @@ class LinearCost:
         before_engine: seconds of the front end's work on each request before the engine can schedule
             it (reading, parsing and tokenizing it), where the front end shares the engine's core: the
             request reaches the queue that long after it arrives, twice that long when it arrives
-            during a step, whose successor then lasts that much longer (the two share the core:
+            during a step, which then lasts that much longer (the two share the core:
             :class:`course.sim.rules.FrontDoor`; iteration-level schedulers). With
             ``e``, what a lone request's TTFT costs beyond the forward pass; ``e`` is the part the
             step that prefills it pays (the hand-off, the first token's way out).

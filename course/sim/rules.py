@@ -122,7 +122,8 @@ class FrontDoor:
 
     ``seconds``: the front end's work per request (``LinearCost.before_engine``). A request that
     arrives while a step runs shares the core with it, so its work takes ``SHARED_CORE_SLOWDOWN``
-    times longer; one that arrives while the engine idles has the core to itself.
+    times longer and the step loses the work's length (:meth:`stretch`); one that arrives while the
+    engine idles has the core to itself.
     """
 
     def __init__(self, seconds: float) -> None:

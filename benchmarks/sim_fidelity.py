@@ -437,6 +437,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--output-tokens must be >= 4: the ITL needs gaps between tokens")
     if args.engine == "vllm" and args.prompt_tokens + args.output_tokens > VLLM_MAX_MODEL_LEN:
         parser.error(f"prompt + output tokens must fit vLLM's --max-model-len {VLLM_MAX_MODEL_LEN}")
+    if args.before_engine_share is not None:
+        if not 0 <= args.before_engine_share <= 1:
+            parser.error(f"--before-engine-share is a fraction from 0 to 1, got {args.before_engine_share}")
+        if args.engine == "vllm" and args.before_engine_share:
+            parser.error("--before-engine-share is the course's server's: vLLM's front end is another process, "
+                         "fitted as a latency off the steps")  # fmt: skip
     return args
 
 

@@ -255,6 +255,8 @@ def test_the_fidelity_benchmark_checks_its_arguments(capsys):
         (["--rate", "5", "--load", "0.5"], "not allowed with"),
         (["--output-tokens", "2"], "ITL needs gaps"),
         (["--engine", "vllm", "--prompt-tokens", "1000"], "max-model-len"),
+        (["--before-engine-share", "1.5"], "fraction from 0 to 1"),
+        (["--engine", "vllm", "--before-engine-share", "0.5"], "vLLM's front end is another process"),
     ]:
         with pytest.raises(SystemExit) as exit_info:
             sim_fidelity.parse_args(bad)

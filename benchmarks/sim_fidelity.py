@@ -67,8 +67,8 @@ from pathlib import Path
 from _processes import CLIENT_CORE, SERVER_CORE, pinned, single_thread_env, start_server, stop
 
 from course import metrics, noise
-from course.capacity import FrontEndSplit, decode_sample, prefill_sample, server_prefill_counters, server_sim_config
 from course.capacity import before_engine_share as capacity_share
+from course.capacity import decode_sample, front_end_split, prefill_sample, server_prefill_counters, server_sim_config
 from course.sim import LinearCost, SimConfig, StepSample, simulate
 from course.trace import load_traces, save_traces
 from course.workload import all_at_once, from_traces
@@ -152,7 +152,7 @@ def calibrate(port: int, work: Path, counters: bool = False) -> list[StepSample]
         after = server_prefill_counters(f"http://127.0.0.1:{port}") if counters else None
         if before and after:
             ttft_seconds, requests, count, seconds = (later - earlier for earlier, later in zip(before, after))
-            passes[str(prompt)] = [count, seconds, ttft_seconds, requests]
+            passes[str(prompt)] = [count, seconds, ttft_seconds, requests]  # passes first: older folders hold two
     if counters:
         (work / PREFILL_PASSES).write_text(json.dumps(passes))
     for context in DECODE_CONTEXTS:
@@ -296,11 +296,11 @@ def before_engine_share(folders: list[Path], passes: list[dict[str, list]]) -> f
     splits = []
     for folder, counted in zip(folders, passes):
         for prompt, entry in counted.items():
-            if len(entry) < 4 or not entry[0] or not entry[3]:
-                continue
-            traces = [t for t in load_traces(prefill_file(folder, int(prompt))) if t.chunk_times]
-            client = statistics.fmean(t.chunk_times[0] - t.send_time for t in traces)
-            splits.append(FrontEndSplit(client, entry[2] / entry[3], entry[1] / entry[0]))
+            if len(entry) == 4:  # the counters' growth over the microbenchmark, in server_prefill_counters' order
+                count, seconds, ttft_seconds, requests = entry
+                growth = (ttft_seconds, requests, count, seconds)
+                split = front_end_split(load_traces(prefill_file(folder, int(prompt))), (0.0,) * 4, growth)
+                splits += [split] if split else []
     return capacity_share(splits) if splits else None
 
 

@@ -68,7 +68,14 @@ from _processes import CLIENT_CORE, SERVER_CORE, pinned, single_thread_env, star
 
 from course import metrics, noise
 from course.capacity import before_engine_share as capacity_share
-from course.capacity import decode_sample, front_end_split, prefill_sample, server_prefill_counters, server_sim_config
+from course.capacity import (
+    decode_sample,
+    front_end_split,
+    prefill_sample,
+    server_prefill_counters,
+    server_sim_config,
+    settled_prefill_counters,
+)
 from course.sim import LinearCost, SimConfig, StepSample, simulate
 from course.trace import load_traces, save_traces
 from course.workload import all_at_once, from_traces
@@ -147,9 +154,9 @@ def calibrate(port: int, work: Path, counters: bool = False) -> list[StepSample]
     passes = {}
     for prompt in PREFILL_LENGTHS:
         before = server_prefill_counters(f"http://127.0.0.1:{port}") if counters else None
-        bench(port, prefill_file(work, prompt), "--concurrency", "1", "--num-requests", "8",
-              "--prompt-tokens", str(prompt), "--output-tokens", "2", "--seed", "101")  # fmt: skip
-        after = server_prefill_counters(f"http://127.0.0.1:{port}") if counters else None
+        traces = bench(port, prefill_file(work, prompt), "--concurrency", "1", "--num-requests", "8",
+                       "--prompt-tokens", str(prompt), "--output-tokens", "2", "--seed", "101")  # fmt: skip
+        after = settled_prefill_counters(f"http://127.0.0.1:{port}", before, len(traces)) if counters else None
         if before and after:
             ttft_seconds, requests, count, seconds = (later - earlier for earlier, later in zip(before, after))
             passes[str(prompt)] = [count, seconds, ttft_seconds, requests]  # passes first: older folders hold two

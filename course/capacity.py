@@ -26,6 +26,7 @@ import bisect
 import functools
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -346,6 +347,26 @@ def server_prefill_counters(base_url: str) -> tuple[float, float, float, float] 
     return (*ttft, float(sum(n for n, _ in passes)), float(sum(seconds for _, seconds in passes)))
 
 
+def settled_prefill_counters(
+    base_url: str, before: tuple[float, ...] | None, requests: int, timeout: float = 5.0
+) -> tuple[float, float, float, float] | None:
+    """:func:`server_prefill_counters` once they count ``requests`` more requests and prefill passes than
+    ``before``, or as they are after ``timeout`` seconds.
+
+    The server counts a request's TTFT when its stream has closed and a prefill pass just after its first
+    token went out, so a reading taken the moment the client has its last chunk can miss the last
+    request (on a busy machine, often).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        after = server_prefill_counters(base_url)
+        if after is None or before is None or time.monotonic() > deadline:
+            return after
+        if after[1] - before[1] >= requests and after[2] - before[2] >= requests:
+            return after
+        time.sleep(0.01)
+
+
 def front_end_split(
     traces: Sequence[RequestTrace], before: tuple[float, ...] | None, after: tuple[float, ...] | None
 ) -> FrontEndSplit | None:
@@ -462,7 +483,7 @@ def calibration_samples(
         counted = server_prefill_counters(base_url)
         run = run_load(base_url, all_at_once(repeats, prompt, 2), concurrency=1, progress=False, seed=seed)
         _raise_failures(run.traces, f"prefill calibration ({prompt} tokens)")
-        split = front_end_split(run.traces, counted, server_prefill_counters(base_url))
+        split = front_end_split(run.traces, counted, settled_prefill_counters(base_url, counted, len(run.traces)))
         samples.append(replace(prefill_sample(run.traces, prompt), front_end=split))
     for context in decode_contexts:
         for batch in decode_batches:

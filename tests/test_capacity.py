@@ -191,6 +191,30 @@ def test_calibration_samples_against_the_reference_server_fit_a_cost():
     assert fitted.before_engine > 0
 
 
+def test_the_front_end_split_waits_for_the_server_to_count_the_last_request(monkeypatch):
+    # The server counts a request's TTFT when its stream closes, just after the client got the last chunk:
+    # the first reading after a one-request prefill run still lacks it.
+    from course.models import build_tiny_model
+    from course.serving import BackgroundServer, create_app
+
+    read = capacity.server_prefill_counters
+    readings = []
+
+    def lagging(base_url):
+        counters = read(base_url)
+        readings.append(counters)
+        if len(readings) == 2:  # the reading right after the run: the request not counted yet
+            return readings[0]
+        return counters
+
+    with BackgroundServer(create_app(build_tiny_model(), max_batch_size=2)) as server:
+        monkeypatch.setattr(capacity, "server_prefill_counters", lagging)
+        samples = capacity.calibration_samples(
+            server.url, prefill_lengths=(8,), decode_batches=(1,), decode_contexts=(8,), decode_output=4, repeats=1
+        )
+    assert samples[0].front_end is not None and len(readings) >= 3
+
+
 def test_the_share_of_the_front_end_before_the_engine():
     # Client TTFT 20 ms, the server's own 17 ms, the pass 15 ms: 3 of the 5 ms outside it come first.
     split = capacity.FrontEndSplit(client_ttft=0.020, server_ttft=0.017, prefill_pass=0.015)

@@ -444,11 +444,40 @@ def process_tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-class MetricsSampler:
-    """Poll a server's ``/metrics`` every ``interval`` s on a thread, keeping the gauges over time.
+def poll_gauges(url: str, interval: float, names: Sequence[str], out=None) -> None:
+    """``GET url`` every ``interval`` s until killed, writing one JSON line per try to ``out`` (stdout): the
+    wall-clock ``time`` and the gauges ``names`` of an answered page, or ``null`` when the server did not
+    answer. :class:`MetricsSampler` runs this in a Python of its own (``python -m course.vllm_lab``)."""
+    import httpx
 
-    ``samples`` is a list of ``{"t": s since start, <gauge name>: value, ...}``; use it as a context
-    manager around a load.
+    out = out or sys.stdout
+    # only the gauges' own lines go to the parser: the whole page (50 kB of histograms from vLLM) took
+    # 15 ms to parse on an idle core and 1-1.4 s while the engine kept both cores busy (a live run)
+    wanted = tuple(f"{name}{end}" for name in names for end in ("{", " ")) + tuple(f"# TYPE {n} " for n in names)
+    with httpx.Client(timeout=10) as client:
+        while True:  # at least one try, however short the load
+            try:
+                page = client.get(url).text
+                answered = time.time()
+            except httpx.HTTPError:
+                page = None
+            row = None
+            if page is not None:
+                snapshot = parse_metrics("\n".join(line for line in page.splitlines() if line.startswith(wanted)))
+                row = {"time": answered, **{name: metric_value(snapshot, name) for name in names}}
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            time.sleep(interval)
+
+
+class MetricsSampler:
+    """Poll a server's ``/metrics`` every ``interval`` s from a process of its own, keeping the gauges over time.
+
+    Use it as a context manager around a load; ``with`` returns once the first poll was tried. ``samples``
+    is a list of ``{"t": s since ``started`` (the wall clock when ``with`` began), <gauge name>: value, ...}``.
+    The sampler is a process, not a thread, because the load client usually runs in the same Python: a
+    client holding the interpreter lock (a burst of chunks to parse, prompts to build) starved a sampler
+    thread for seconds at a time, and the plot missed the moment the KV cache was full.
     """
 
     def __init__(self, base_url: str, interval: float = 0.25, names: Sequence[str] = GAUGES) -> None:
@@ -457,34 +486,40 @@ class MetricsSampler:
         self.url = base_url.rstrip("/") + "/metrics"
         self.interval = interval
         self.names = tuple(names)
+        self.started = time.time()
         self.samples: list[dict[str, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._process: subprocess.Popen | None = None
 
-    def _run(self) -> None:
-        import httpx
-
-        start = time.perf_counter()
-        with httpx.Client(timeout=10) as client:
-            while True:  # at least one sample, however short the load
-                try:
-                    snapshot = parse_metrics(client.get(self.url).text)
-                except httpx.HTTPError:
-                    snapshot = None
-                if snapshot is not None:
-                    row = {"t": round(time.perf_counter() - start, 4)}
-                    row.update({name: metric_value(snapshot, name) for name in self.names})
-                    self.samples.append(row)
-                if self._stop.wait(self.interval):
-                    break
+    def _read(self, tried: threading.Event) -> None:
+        """Turn the sampler's lines into ``samples`` as they come (a thread: a late read loses nothing, the
+        time of each poll is in its line)."""
+        for line in self._process.stdout:
+            row = json.loads(line)
+            if row is not None:
+                self.samples.append({"t": round(row.pop("time") - self.started, 4), **row})
+            tried.set()
+        tried.set()
 
     def __enter__(self) -> MetricsSampler:
-        self._thread.start()
+        package_root = str(Path(__file__).resolve().parent.parent)  # importable however this Python found it
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        command = [sys.executable, "-m", "course.vllm_lab", "poll", self.url, str(self.interval), *self.names]
+        self.started = time.time()
+        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+        tried = threading.Event()
+        self._reader = threading.Thread(target=self._read, args=(tried,), daemon=True)
+        self._reader.start()
+        tried.wait(timeout=60)  # a loaded 2-core machine takes seconds to start a Python
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._reader.join(timeout=30)
 
 
 class PrefixedPrompts:
@@ -1229,3 +1264,13 @@ def lab_run(live: bool = True, out: str | Path | None = None, log=print) -> Reco
     run = load_recorded_run()
     log(f"Showing the run recorded on {run.meta['recorded_utc']} ({run.meta['vllm']}), because {reason}.")
     return run
+
+
+if __name__ == "__main__":
+    # python -m course.vllm_lab poll URL INTERVAL NAME...: MetricsSampler's process
+    if len(sys.argv) < 4 or sys.argv[1] != "poll":
+        sys.exit("usage: python -m course.vllm_lab poll URL INTERVAL_SECONDS GAUGE_NAME...")
+    import contextlib
+
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):  # stopped by the sampler, or its reader gone
+        poll_gauges(sys.argv[2], float(sys.argv[3]), sys.argv[4:])

@@ -33,8 +33,11 @@
    prompts and then decodes every running request (``course.capacity.server_sim_config``); vLLM V1
    schedules continuously with chunked prefill, at the ``--max-num-seqs`` and
    ``--max-num-batched-tokens`` it was started with.
-5. Prints measured vs simulated TTFT and ITL (p50, p95) with the errors and targets, beside the plain
-   four-term line's errors; for vLLM also where its time goes by its own metrics (``/metrics``: queue,
+5. **The run again**: after the last round the same requests go out once more at the same times (each
+   part's seed fixes its arrivals; ``--no-repeat`` skips it), so that the report can say how far the
+   server lands from its own run minutes later: a target finer than that is finer than the machine.
+6. Prints measured vs simulated TTFT and ITL (p50, p95) with the errors and targets, beside the plain
+   four-term line's errors and the second run's; for vLLM also where its time goes by its own metrics (``/metrics``: queue,
    prefill and the rest of its TTFT, its ITL inside the server) and which part the simulator misses.
    For the course's server, the steps the run itself took (its ``/health`` counters of decode steps per
    batch size and prefill passes per prompt size, over the run's parts only) against the fitted line,
@@ -42,7 +45,7 @@
    (its scheduling, its spread, the front end's cost); what goes away was the calibration's.
 
     .venv/bin/python benchmarks/sim_fidelity.py [--engine course|vllm] [--rate R | --load 0.7] [--requests 150]
-                                                [--keep DIR] [--replay DIR] [--dry-run]
+                                                [--no-repeat] [--keep DIR] [--replay DIR] [--dry-run]
 
 Timings on a shared machine are noisy; run it on a quiet one for the figures in benchmarks/RESULTS.md. The
 load average is printed at the start and the end: above 1 per core, other programs shared the cores and
@@ -204,6 +207,21 @@ def merge_rounds(rounds: list[list[StepSample]]) -> list[StepSample]:
         merged.append(StepSample(first.prefill_tokens, first.decode_tokens, first.kv_tokens_read, seconds,
                                  deviations=deviations))  # fmt: skip
     return merged
+
+
+def repeat_verdict(missed: list[str], own: list[str]) -> str:
+    """What the run sent again says about the simulator's misses: ``missed`` are the targets the simulator
+    missed, ``own`` those the server's second run missed against its first ("ttft p50", ...)."""
+    if not own:
+        return "the server against itself: its second run met every target against its first"
+    both = [name for name in missed if name in own]
+    said = f"the server against itself: its second run missed {', '.join(own)} against its first"
+    if both:
+        said += (
+            f"; the simulator missed {', '.join(both)} too, where the target is finer than this server's own "
+            "difference between two runs of the same requests"
+        )
+    return said
 
 
 def noise_verdict(rounds: list[list[StepSample]], load_per_core: float | None) -> str:
@@ -420,6 +438,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--before-engine-share", type=float,
                         help="the share of the course server's front-end time before its engine sees a request "
                              "(default: as the calibration measured it; 0 for folders kept without it)")  # fmt: skip
+    parser.add_argument("--no-repeat", dest="repeat", action="store_false",
+                        help="do not send the run's requests again at the end (the server against itself)")  # fmt: skip
     parser.add_argument("--keep", help="keep the trace files in this folder")
     parser.add_argument("--replay", metavar="DIR",
                         help="fit and simulate the run a --keep folder holds again, without a server")  # fmt: skip
@@ -537,9 +557,7 @@ def measure(
                 rounds.append(calibrate(args.port, work / f"after{index}", counted))
             counters = vllm_metric_sums if args.engine == "vllm" else server_step_counters
             before = counters(args.port)
-            measured += bench(args.port, work / f"run_part{index + 1}.json", "--request-rate", f"{rate:.4f}",
-                              "--num-requests", str(count), "--prompt-tokens", str(args.prompt_tokens),
-                              "--output-tokens", str(args.output_tokens), "--seed", str(303 + index))  # fmt: skip
+            measured += bench(args.port, work / f"run_part{index + 1}.json", *part_options(args, rate, count, index))
             # the server's counters over the run's parts only, not the calibrations
             for key, value in counters(args.port).items():
                 if args.engine == "vllm":
@@ -560,11 +578,37 @@ def measure(
         for index in range(len(parts), args.rounds):
             print(f"calibration {index} after the run:", flush=True)
             rounds.append(calibrate(args.port, work / f"after{index}", counted))
+        if args.repeat:
+            # The same arrivals and token counts again (the parts' seeds), one part after the other: how far
+            # this server on this machine lands from its own run minutes later, the floor under any prediction.
+            print("the run's requests once more, at the same times (the server against itself):", flush=True)
+            again = []
+            for index, count in enumerate(parts):
+                options = part_options(args, rate, count, index)
+                again += bench(args.port, work / f"repeat_part{index + 1}.json", *options)
+            facts["repeat"] = percentiles_ms(again)
+            (work / "facts.json").write_text(json.dumps(facts, indent=1))
     finally:
         stop(server)
         server_log.close()
     facts.update(counted_passes(round_folders(work, args.rounds)))
     return rounds, measured, facts
+
+
+def part_options(args: argparse.Namespace, rate: float, count: int, index: int) -> list[str]:
+    """``course bench`` options of the run's part ``index`` (``count`` requests): its seed fixes its arrival
+    times, so the same options send the same requests at the same times again."""
+    return ["--request-rate", f"{rate:.4f}", "--num-requests", str(count), "--prompt-tokens", str(args.prompt_tokens),
+            "--output-tokens", str(args.output_tokens), "--seed", str(303 + index)]  # fmt: skip
+
+
+REPORTED = ("ttft", "itl", "tpot", "e2e")
+
+
+def percentiles_ms(traces: list) -> dict[str, dict[str, float]]:
+    """``{metric: {"p50": ms, "p95": ms}}`` of the traces, for each metric of the report."""
+    summary = metrics.summarize(traces)
+    return {name: {q: getattr(summary, name)[q] * 1e3 for q in ("p50", "p95")} for name in REPORTED}
 
 
 def run_parts(requests: int, rounds: int) -> list[int]:
@@ -647,10 +691,11 @@ def report(
         print(f"server: mean decode batch {health.get('mean_batch_size', 0):.1f}, "
               f"mean decode step {health.get('mean_decode_step_ms', 0):.2f} ms (all runs); "
               f"simulated mean batch {simulated.mean_batch_size:.1f}")  # fmt: skip
-    header = ("metric", "measured ms", "simulated ms", "error", "target", "", "4-term line")
-    print("{:8s} {:>12s} {:>13s} {:>8s} {:>7s} {:8s} {:>11s}".format(*header))
-    ok, missed = True, []
-    for name in ("ttft", "itl", "tpot", "e2e"):
+    repeat = facts.get("repeat")
+    header = ("metric", "measured ms", "simulated ms", "error", "target", "", "4-term line", "server again")
+    print("{:8s} {:>12s} {:>13s} {:>8s} {:>7s} {:8s} {:>11s} {:>12s}".format(*header))
+    ok, missed, own = True, [], []
+    for name in REPORTED:
         for q in ("p50", "p95"):
             got, want = getattr(model, name)[q], getattr(real, name)[q]
             error = got / want - 1
@@ -661,8 +706,11 @@ def report(
                 missed.append(f"{name} {q}")
             shown = f"{target:.0%}" if target is not None else "-"
             old = getattr(plain, name)[q] / want - 1
+            again = "-" if repeat is None else f"{repeat[name][q] / (want * 1e3) - 1:+.1%}"
+            if repeat is not None and target is not None and abs(repeat[name][q] / (want * 1e3) - 1) > target:
+                own.append(f"{name} {q}")
             print(f"{name.upper() + ' ' + q:8s} {want * 1e3:12.2f} {got * 1e3:13.2f} {error:+8.1%} {shown:>7s} "
-                  f"{mark:8s} {old:+11.1%}")  # fmt: skip
+                  f"{mark:8s} {old:+11.1%} {again:>12s}")  # fmt: skip
     if "breakdown" in facts:
         explain_vllm(facts["breakdown"], real, model, cost, missed)
     if facts.get("run_steps"):
@@ -670,6 +718,8 @@ def report(
         explain_course(facts["run_steps"], cost, config, measured, real, front)
     print(f"{load_average()} at the end")
     print("all targets met" if ok else f"missed: {', '.join(missed)}")
+    if repeat is not None:
+        print(repeat_verdict(missed, own))
     print(noise_verdict(rounds, facts["run_load"]))
     return 0
 

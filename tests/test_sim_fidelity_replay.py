@@ -148,3 +148,38 @@ def test_the_share_of_the_front_end_before_the_engine_is_read_off_the_servers_tt
     assert "comes before the engine sees it" not in capsys.readouterr().out
     assert sim_fidelity.main(["--replay", str(tmp_path / "older"), "--before-engine-share", "0.5"]) == 0
     assert "50% comes before the engine sees it (--before-engine-share)" in capsys.readouterr().out
+
+
+def test_the_run_sent_again_is_the_servers_own_error_beside_the_simulators(tmp_path, capsys):
+    keep_a_run(tmp_path)
+    assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "server again" in table and "the server against itself" not in table  # kept before it was sent again
+    # the same requests again: TTFT p50 12 % slower, the rest as before
+    real = sim_fidelity.percentiles_ms([request(str(i), 0.2 * i, 128, 64) for i in range(30)])
+    again = {name: dict(values) for name, values in real.items()}
+    again["ttft"]["p50"] *= 1.12
+    facts = json.loads((tmp_path / "facts.json").read_text())
+    (tmp_path / "facts.json").write_text(json.dumps({**facts, "repeat": again}))
+    assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    ttft, itl = (next(line for line in out.splitlines() if line.startswith(m)) for m in ("TTFT p50", "ITL p50"))
+    assert ttft.split()[-1] == "+12.0%" and itl.split()[-1] == "+0.0%"
+    assert "the server against itself: its second run missed ttft p50 against its first" in out
+
+
+def test_the_verdict_on_the_run_sent_again_names_the_targets_finer_than_the_server():
+    assert "met every target" in sim_fidelity.repeat_verdict(["itl p50"], [])
+    said = sim_fidelity.repeat_verdict(["ttft p50", "itl p95"], ["ttft p50"])
+    assert "its second run missed ttft p50 against its first" in said
+    assert "the simulator missed ttft p50 too, where the target is finer than this server's own difference" in said
+    assert "itl p95 too" not in said
+    assert "the simulator missed" not in sim_fidelity.repeat_verdict([], ["ttft p95"])
+
+
+def test_each_part_is_sent_again_with_its_own_seed():
+    args = sim_fidelity.parse_args([])
+    assert args.repeat and not sim_fidelity.parse_args(["--no-repeat"]).repeat
+    first, second = (sim_fidelity.part_options(args, 5.0, 75, index) for index in (0, 1))
+    assert first == sim_fidelity.part_options(args, 5.0, 75, 0) and first != second
+    assert first[first.index("--seed") + 1] == "303" and second[second.index("--seed") + 1] == "304"

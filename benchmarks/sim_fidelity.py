@@ -37,8 +37,9 @@
    part's seed fixes its arrivals; ``--no-repeat`` skips it), so that the report can say how far the
    server lands from its own run minutes later: a target finer than that is finer than the machine.
 6. Prints measured vs simulated TTFT and ITL (p50, p95) with the errors and targets, beside the plain
-   four-term line's errors and the second run's; for vLLM also where its time goes by its own metrics (``/metrics``: queue,
-   prefill and the rest of its TTFT, its ITL inside the server) and which part the simulator misses.
+   four-term line's errors and the second run's; for vLLM also where its time goes by its own metrics
+   (``/metrics``: queue, prefill and the rest of its TTFT, its ITL inside the server) and which part the
+   simulator misses.
    For the course's server, the steps the run itself took (its ``/health`` counters of decode steps per
    batch size and prefill passes per prompt size, over the run's parts only) against the fitted line,
    and the errors once more with a line fitted to those steps: what is left then is the simulator's

@@ -633,6 +633,11 @@ def replayed(work: Path, rounds: int) -> tuple[list[list[StepSample]], list, dic
         print(f"calibration {folder.name}:")
         calibration.append(read_calibration(folder))
     facts = {**json.loads((work / "facts.json").read_text()), **counted_passes(folders)}
+    if "run_steps" in facts:
+        # folders kept before the server counted its prefills (2026-12-03 morning) name decode batches alone
+        facts["run_steps"] = {
+            (key if " " in key else f"decode {key}"): tally for key, tally in facts["run_steps"].items()
+        }
     return calibration, load_traces(work / "run.json"), facts
 
 

@@ -183,3 +183,15 @@ def test_each_part_is_sent_again_with_its_own_seed():
     first, second = (sim_fidelity.part_options(args, 5.0, 75, index) for index in (0, 1))
     assert first == sim_fidelity.part_options(args, 5.0, 75, 0) and first != second
     assert first[first.index("--seed") + 1] == "303" and second[second.index("--seed") + 1] == "304"
+
+
+def test_a_folder_kept_before_prefills_were_counted_replays_its_decode_steps(tmp_path, capsys):
+    # Its facts name the decode batches alone ("1", not "decode 1"); a replay stopped on them with a traceback.
+    steps = {"decode 1": [1000, 1000 * STEP * (1 + 1 / 8), 1000 * 160], "decode 2": [400, 400 * 0.005, 400 * 340]}
+    keep_a_run(tmp_path / "now", steps)
+    keep_a_run(tmp_path / "older", {key.split()[1]: tally for key, tally in steps.items()})
+    said = []
+    for folder in ("now", "older"):
+        assert sim_fidelity.main(["--replay", str(tmp_path / folder)]) == 0
+        said.append(capsys.readouterr().out.split("the run's own steps")[1].replace(str(tmp_path / folder), ""))
+    assert said[0] == said[1] and "over the decode steps the line is" in said[1]

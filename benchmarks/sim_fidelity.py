@@ -712,8 +712,9 @@ def report(
                 missed.append(f"{name} {q}")
             shown = f"{target:.0%}" if target is not None else "-"
             old = getattr(plain, name)[q] / want - 1
-            again = "-" if repeat is None else f"{repeat[name][q] / (want * 1e3) - 1:+.1%}"
-            if repeat is not None and target is not None and abs(repeat[name][q] / (want * 1e3) - 1) > target:
+            second = None if repeat is None else repeat[name][q] / (want * 1e3) - 1  # the server against itself
+            again = "-" if second is None else f"{second:+.1%}"
+            if second is not None and target is not None and abs(second) > target:
                 own.append(f"{name} {q}")
             print(f"{name.upper() + ' ' + q:8s} {want * 1e3:12.2f} {got * 1e3:13.2f} {error:+8.1%} {shown:>7s} "
                   f"{mark:8s} {old:+11.1%} {again:>12s}")  # fmt: skip

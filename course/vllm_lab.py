@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from course.trace import RequestTrace, load_traces
 from course.vllm_release import VLLM_VERSION
@@ -444,13 +444,13 @@ def process_tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def poll_gauges(url: str, interval: float, names: Sequence[str], out=None) -> None:
+def poll_gauges(url: str, interval: float, names: Sequence[str], out: TextIO | None = None) -> None:
     """``GET url`` every ``interval`` s until killed, writing one JSON line per try to ``out`` (stdout): the
     wall-clock ``time`` and the gauges ``names`` of an answered page, or ``null`` when the server did not
     answer. :class:`MetricsSampler` runs this in a Python of its own (``python -m course.vllm_lab``)."""
     import httpx
 
-    out = out or sys.stdout
+    out = sys.stdout if out is None else out
     # only the gauges' own lines go to the parser: the whole page (50 kB of histograms from vLLM) took
     # 15 ms to parse on an idle core and 1-1.4 s while the engine kept both cores busy (a live run)
     wanted = tuple(f"{name}{end}" for name in names for end in ("{", " ")) + tuple(f"# TYPE {n} " for n in names)

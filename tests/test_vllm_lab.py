@@ -266,10 +266,10 @@ def test_the_metrics_sampler_polls_gauges_while_a_load_runs(run):
 
 def test_the_metrics_sampler_keeps_polling_while_the_load_generator_holds_the_interpreter(run, tmp_path):
     """The load client and the sampler run in one Python; a client busy in a long call that holds the
-    interpreter lock (here a regex that backtracks for a second or more) must not stop the polling. A live
-    oracle run caught it: the sampler, a thread beside the client, took 4 samples in a 4.7 s preemption
-    burst, 1.8-3 s apart, each ``GET /metrics`` answered in 0.02 s, and missed the full cache. The values it
-    keeps are the page's, read off the gauges' own lines."""
+    interpreter lock (here a regex that backtracks for a second or more) must not stop the polling. A sampler
+    thread beside the client takes no sample while the lock is held. (In the live oracle run that missed the
+    full cache, the sampler's gaps of 1.8-3 s came mostly from parsing the whole page on starved cores: the
+    next test.) The values it keeps are the page's, read off the gauges' own lines."""
     page = vllm_lab.read_snapshot(run.root / "metrics_preemption.prom.gz")
     busy = {vllm_lab.KV_USAGE: 0.9375, vllm_lab.RUNNING: 7.0, vllm_lab.WAITING: 5.0}  # a full cache, mid-burst
     for name, value in busy.items():
@@ -294,6 +294,35 @@ def test_the_metrics_sampler_keeps_polling_while_the_load_generator_holds_the_in
     during = [s for s in sampler.samples if held_from < s["t"] < held_until]
     assert len(during) >= 2, f"{len(during)} samples in the {held_until - held_from:.1f} s the lock was held"
     assert all({name: s[name] for name in busy} == busy for s in sampler.samples)  # read off the gauges' lines
+
+
+def test_the_gauge_poller_parses_only_the_gauges_lines(run, monkeypatch):
+    """vLLM's page is 50 kB, mostly histograms; parsing all of it took 1-1.4 s per poll while vLLM kept both
+    cores busy (15 ms on an idle core), so a 4.7 s burst got 4 samples. The poller hands the parser the
+    gauges' lines alone and still reads their values."""
+    import httpx
+
+    page = vllm_lab.read_snapshot(run.root / "metrics_preemption.prom.gz")
+    monkeypatch.setattr(httpx.Client, "get", lambda self, url: httpx.Response(200, text=page))
+    parsed = []
+    parse = vllm_lab.parse_metrics
+    monkeypatch.setattr(vllm_lab, "parse_metrics", lambda text: parsed.append(text) or parse(text))
+
+    class OnePoll(list):  # the poller runs until killed: stop it after its first line
+        def write(self, text):
+            self.append(text)
+            raise BrokenPipeError
+
+    lines = OnePoll()
+    with pytest.raises(BrokenPipeError):
+        vllm_lab.poll_gauges("http://127.0.0.1:1/metrics", 0.01, vllm_lab.GAUGES, out=lines)
+    row = json.loads(lines[0])
+    whole = parse(page)
+    assert {name: row[name] for name in vllm_lab.GAUGES} == {
+        name: vllm_lab.metric_value(whole, name) for name in vllm_lab.GAUGES
+    }
+    assert len(parsed) == 1 and len(parsed[0]) < len(page) / 50
+    assert set(parse(parsed[0])) == {key for key in whole if key[0] in vllm_lab.GAUGES}
 
 
 def test_the_recorder_script_refuses_to_run_without_vllm(monkeypatch, capsys):

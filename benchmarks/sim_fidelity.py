@@ -11,7 +11,9 @@
    each request's second half, i.e. the step time at that batch and context, once the wave's prompts
    are all prefilled). ``course.capacity.prefill_sample`` and ``decode_sample`` turn the traces into
    step samples, the method of module 5's ``course.capacity.calibration_samples``, and
-   ``course.sim.LinearCost.fit`` turns them into ``a + b*prefill + c*decode + d*KV read`` plus what a
+   ``course.sim.LinearCost.fit`` turns them into ``a + b*prefill + c*decode + d*KV read`` and ``f`` per
+   attention pair of a prompt (``n(n+1)/2`` for ``n`` tokens: the prefill's attention grows with the
+   square of the prompt, and one slope from 16 to 512 tokens missed 128 long), plus what a
    request costs outside the forward pass (``e`` per prompt started, on the engine's CPU, for the
    course's server, whose event loop shares core 0 with its engine thread; a ``latency`` off the
    steps for vLLM, whose API server is another process) and the step-time spread (the single steps'
@@ -296,18 +298,22 @@ def server_step_counters(port: int) -> dict[str, tuple[int, float, int]]:
     return counters
 
 
-def run_step_samples(run_steps: dict[str, list]) -> list[StepSample]:
+def run_step_samples(run_steps: dict[str, list], prompt_tokens: int) -> list[StepSample]:
     """The run's own steps as samples, measured inside the server: one per decode batch size with at
     least ``RUN_STEPS_LEAST`` steps (the mean step, reading the mean cache slots held: rows x padded
     length, as the server's attention reads the padding of ragged rows too), and one per prefill size
-    with at least ``RUN_PREFILLS_LEAST`` (the mean prefill pass, without the front end's work)."""
+    with at least ``RUN_PREFILLS_LEAST`` (the mean prefill pass, without the front end's work). Every
+    prompt of the run has ``prompt_tokens`` tokens, so a pass of twice as many prefilled two of them:
+    its attention pairs are two prompts' (one fresh prompt's if the size is no multiple)."""
     samples = []
     for key, (steps, seconds, slots) in run_steps.items():
         kind, size = key.split()
         if kind == "decode" and steps >= RUN_STEPS_LEAST:
             samples.append(StepSample(0, int(size), round(slots / steps), seconds / steps))
         elif kind == "prefill" and steps >= RUN_PREFILLS_LEAST:
-            samples.append(StepSample(int(size), 0, 0, seconds / steps))
+            prompts, left = divmod(int(size), prompt_tokens)
+            pairs = prompts * prompt_tokens * (prompt_tokens + 1) / 2 if prompts and not left else 0.0
+            samples.append(StepSample(int(size), 0, 0, seconds / steps, attention_pairs=pairs))
     return sorted(samples, key=lambda s: (s.prefill_tokens, s.decode_tokens))
 
 
@@ -344,12 +350,12 @@ def front_end_per_request(rounds: list[list[StepSample]], passes: list[dict[str,
 
 
 def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConfig, measured: list, real,
-                   front_end: float | None = None) -> None:  # fmt: skip
+                   prompt_tokens: int, front_end: float | None = None) -> None:  # fmt: skip
     """The run's own steps (the server's counters over the run's parts) against the fitted line, and
     the simulation again with a line fitted to them: what the simulator misses when it knows the
     steps the run took (its scheduling, its spread, the front end's cost) apart from what the
     calibration missed."""
-    own = run_step_samples(run_steps)
+    own = run_step_samples(run_steps, prompt_tokens)
     if not any(s.decode_tokens for s in own):
         print("\nthe server's step counters hold no batch size with enough decode steps in the run")
         return
@@ -362,7 +368,8 @@ def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConf
         kind = "prefill" if sample.prefill_tokens else "decode"
         size = sample.prefill_tokens or sample.decode_tokens
         count = run_steps[f"{kind} {size}"][0]
-        line = forward.expected_seconds(sample.prefill_tokens, sample.decode_tokens, sample.kv_tokens_read)
+        line = forward.expected_seconds(sample.prefill_tokens, sample.decode_tokens, sample.kv_tokens_read,
+                                        sample.attention_pairs)  # fmt: skip
         totals[kind][0] += count * sample.seconds
         totals[kind][1] += count * line
         print(f"{kind + ' ' + str(size):>12s} {count:7d} {sample.seconds * 1e3:12.2f} {line * 1e3:10.2f} "
@@ -379,7 +386,7 @@ def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConf
     line = LinearCost.fit(own, front_end="none", spread=False, seed=cost.seed)
     prefilled = any(s.prefill_tokens for s in own)
     if not prefilled:  # no prefill size counted often enough: keep the calibration's b
-        line = dataclasses.replace(line, b=cost.b)
+        line = dataclasses.replace(line, b=cost.b, f=cost.f)  # g: the run's own decodes of one row and of more
     fitted = cost.e + cost.before_engine
     if front_end is None or not prefilled:
         front_end, source = fitted, "the fitted e"
@@ -676,7 +683,7 @@ def report(
     rate, capacity = facts["rate"], facts["capacity"]
     samples = merge_rounds(rounds)
     cost = fitted_cost(args, front_end, samples, facts)
-    line = LinearCost.fit(samples, front_end="none", spread=False)
+    line = LinearCost.fit(samples, front_end="none", spread=False, shape=False)
     print(f"\nfitted {cost.describe()}")
     if cost.before_engine:
         source = ("--before-engine-share" if args.before_engine_share is not None else
@@ -722,7 +729,7 @@ def report(
         explain_vllm(facts["breakdown"], real, model, cost, missed)
     if facts.get("run_steps"):
         front = front_end_per_request(rounds, facts["calibration_passes"]) if "calibration_passes" in facts else None
-        explain_course(facts["run_steps"], cost, config, measured, real, front)
+        explain_course(facts["run_steps"], cost, config, measured, real, args.prompt_tokens, front)
     print(f"{load_average()} at the end")
     print("all targets met" if ok else f"missed: {', '.join(missed)}")
     if repeat is not None:

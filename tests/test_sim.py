@@ -435,11 +435,28 @@ def test_cli_config_file_flags_win_and_traces_replay(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["completed"] == 30
 
 
+def test_cli_linear_cost_takes_the_prefills_attention_term_and_the_matrix_step(capsys):
+    base = ["simulate", "--requests", "20", "--rate", "0.5", "--prompt-tokens", "512", "--output-tokens", "4",
+            "--num-blocks", "2000", "--cost", "linear", "--json"]  # fmt: skip
+    ttft = {}
+    for name, values in (("line", "0.002,5e-5,3e-4,2e-8"), ("curve", "0.002,5e-5,3e-4,2e-8,2e-7")):
+        assert main([*base, "--linear", values]) == 0
+        ttft[name] = json.loads(capsys.readouterr().out)["ttft"]["p50_s"]
+    # a lone 512-token prompt attends to 512 x 513 / 2 pairs: 26 ms more at 0.2 us per pair
+    assert ttft["curve"] - ttft["line"] == pytest.approx(2e-7 * 512 * 513 / 2, rel=0.05)
+    # G: a prefill is a step of many token rows, so it pays G too
+    assert main([*base, "--linear", "0.002,5e-5,3e-4,2e-8,0,1e-3"]) == 0
+    matrix = json.loads(capsys.readouterr().out)["ttft"]["p50_s"]
+    assert matrix - ttft["line"] == pytest.approx(1e-3, rel=0.05)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--prompt-tokens", "gaussian:3"], "use N, uniform"),
         (["--cost", "linear"], "needs --linear"),
+        (["--cost", "linear", "--linear", "0.01,1e-5,1e-4"], "four to six numbers"),
+        (["--cost", "linear", "--linear", "0.01,1e-5,fast,1e-8"], "takes numbers in seconds"),
         (["--model", "gpt-9"], "unknown model"),
         (["--scheduler", "continuous", "--num-blocks", "0"], "positive integer"),
     ],

@@ -10,7 +10,7 @@ import pytest
 from course.capacity import decode_sample, prefill_sample, server_sim_config
 from course.metrics import summarize
 from course.sim import LinearCost, SimConfig, StepSample, simulate
-from course.sim.cost import SPREAD_PROBABILITIES, fit_spread, prompts_started
+from course.sim.cost import SPREAD_PROBABILITIES, fit_spread, prefill_pairs, prompts_started
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload, fixed, poisson
 
@@ -69,7 +69,7 @@ def test_fit_recovers_the_front_end_and_the_plain_line_cannot():
     fit = LinearCost.fit(samples)
     assert (fit.a, fit.b, fit.c, fit.d, fit.e) == pytest.approx((TRUTH.a, TRUTH.b, TRUTH.c, TRUTH.d, TRUTH.e), rel=1e-6)
     assert fit.latency == 0
-    line = LinearCost.fit(samples, front_end="none")
+    line = LinearCost.fit(samples, front_end="none", shape=False)
     assert line.e == 0
     # The line spreads the front end over every step's intercept: decodes too slow, prefills too fast.
     decode_error = line.expected_seconds(0, 1, 80) / TRUTH.expected_seconds(0, 1, 80) - 1
@@ -77,6 +77,84 @@ def test_fit_recovers_the_front_end_and_the_plain_line_cannot():
     assert decode_error > 0.05 and prefill_error < -0.3, (decode_error, prefill_error)
     noisy = LinearCost.fit(calibration(TRUTH, noise=0.03, seed=1))
     assert noisy.e == pytest.approx(TRUTH.e, rel=0.3)
+
+
+# The course's server on this CPU prefills 16, 64, 128, 256 and 512 tokens in about 5, 9, 14, 27 and 62 ms
+# (benchmarks/RESULTS.md): longer than one slope, as the prompt's attention grows with its square.
+CURVED = LinearCost(a=2e-3, b=6e-5, c=3e-4, d=2e-8, e=3e-3, f=1.8e-7)
+
+
+def test_the_prefills_attention_term_charges_each_prompts_pairs():
+    pairs = 128 * 129 / 2
+    assert CURVED.expected_seconds(128, 0, 0) == pytest.approx(2e-3 + 128 * 6e-5 + 3e-3 + 1.8e-7 * pairs)
+    # two prompts of 128 tokens in one pass: two prompts' pairs (and fronts), not one 256-token prompt's
+    two = CURVED.expected_seconds(256, 0, 0, 2 * pairs)
+    assert two == pytest.approx(2e-3 + 256 * 6e-5 + 2 * 3e-3 + 1.8e-7 * 2 * pairs)
+    # a lone 256-token prompt attends to about twice the pairs of two 128-token prompts
+    assert prefill_pairs(256, 0, 0) == 256 * 257 / 2 and prefill_pairs(256, 0, 0, 2 * pairs) == 2 * pairs
+    # a 64-token chunk after 512 cached tokens: d reads the cache once, f the pairs beyond that read
+    chunk_pairs = 64 * 512 + 64 * 65 / 2
+    chunk = CURVED.expected_seconds(64, 0, 512, chunk_pairs)
+    assert chunk == pytest.approx(2e-3 + 64 * 6e-5 + 512 * 2e-8 + 3e-3 + 1.8e-7 * (chunk_pairs - 512))
+    # decodes attend one pair per cached token and one to themselves: no prefill pairs
+    assert CURVED.expected_seconds(0, 4, 400, 404) == pytest.approx(2e-3 + 4 * 3e-4 + 400 * 2e-8)
+    assert prefill_pairs(0, 4, 400, 404) == 0 and prefill_pairs(128, 0, 0) == pairs
+    assert "180 ns/prefill attention pair" in CURVED.describe()
+    with pytest.raises(ValueError, match="f must be >= 0"):
+        LinearCost(1e-3, 0, 0, 0, f=-1e-9)
+
+
+def test_fit_recovers_the_prefills_attention_term_where_one_slope_misses_the_middle():
+    samples = calibration(CURVED)
+    fit = LinearCost.fit(samples)
+    assert (fit.a, fit.b, fit.c, fit.d, fit.e, fit.f) == pytest.approx(
+        (CURVED.a, CURVED.b, CURVED.c, CURVED.d, CURVED.e, CURVED.f), rel=1e-6
+    )
+    # One slope through 16 to 512 tokens (the fit before the term, or shape=False) misses a 128-token
+    # prompt long: the long prompts' pairs steepen the slope, the short ones' intercept lifts the line.
+    line = LinearCost.fit(samples, shape=False)
+    assert line.f == 0
+    miss = line.expected_seconds(128, 0, 0) / CURVED.expected_seconds(128, 0, 0) - 1
+    assert miss > 0.04, miss
+    # With the term, a noisy calibration still lands near 128 tokens
+    noisy = LinearCost.fit(calibration(CURVED, noise=0.03, seed=1))
+    assert noisy.expected_seconds(128, 0, 0) == pytest.approx(CURVED.expected_seconds(128, 0, 0), rel=0.05)
+    # Three prompt lengths: the prefill's three terms go through any three points, noise and all; no f
+    three = [s for s in samples if s.prefill_tokens in (0, 16, 128, 512)]
+    assert LinearCost.fit(three).f == 0
+    # A straight calibration (the server without the term) fits none
+    assert LinearCost.fit(calibration(TRUTH)).f == 0
+
+
+# The course's server on this CPU: a lone decode row goes through a matrix-vector product, two or more rows
+# through oneDNN's packed-weight kernel, 0.8-0.9 ms slower on the tiny model (benchmarks/RESULTS.md).
+MATRIX = LinearCost(a=1.8e-3, b=6e-5, c=1.3e-4, d=4e-7, e=1e-3, g=0.85e-3)
+
+
+def test_a_step_of_two_or_more_token_rows_pays_the_matrix_kernels_cost():
+    assert MATRIX.expected_seconds(0, 1, 80, 81) == pytest.approx(1.8e-3 + 1.3e-4 + 80 * 4e-7)
+    assert MATRIX.expected_seconds(0, 2, 160, 162) == pytest.approx(1.8e-3 + 0.85e-3 + 2 * 1.3e-4 + 160 * 4e-7)
+    assert MATRIX.expected_seconds(128, 0, 0) == pytest.approx(1.8e-3 + 0.85e-3 + 128 * 6e-5 + 1e-3)
+    # one token of prefill (a preempted request recomputing one token) is one row too
+    assert MATRIX.expected_seconds(1, 0, 40, 41) == pytest.approx(1.8e-3 + 6e-5 + 40 * 4e-7 + 1e-3)
+    assert "0.85 ms/step of 2+ token rows" in MATRIX.describe()
+    with pytest.raises(ValueError, match="g must be >= 0"):
+        LinearCost(1e-3, 0, 0, 0, g=-1e-3)
+
+
+def test_fit_recovers_the_matrix_kernels_step_where_the_line_misses_both_sides_of_it():
+    samples = calibration(MATRIX)
+    fit = LinearCost.fit(samples)
+    assert (fit.a, fit.c, fit.d, fit.e, fit.g) == pytest.approx((MATRIX.a, MATRIX.c, MATRIX.d, MATRIX.e, MATRIX.g))
+    # One line through batches 1, 4 and 16 puts batch 1 long and batch 2 short: the run's gaps at low load
+    # are mostly steps of one to three rows, on both sides of the line.
+    line = LinearCost.fit(samples, shape=False)
+    one = line.expected_seconds(0, 1, 160) / MATRIX.expected_seconds(0, 1, 160) - 1
+    two = line.expected_seconds(0, 2, 320) / MATRIX.expected_seconds(0, 2, 320) - 1
+    assert one > 0.05 and two < -0.15, (one, two)
+    # Without decode steps of one row the data cannot tell g from the intercept: none is fitted
+    batched = [s for s in samples if s.decode_tokens != 1]
+    assert LinearCost.fit(batched).g == 0
 
 
 def test_fit_puts_a_front_end_in_another_process_off_the_steps():

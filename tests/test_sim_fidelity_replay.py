@@ -91,12 +91,18 @@ def test_the_rounds_are_merged_by_their_mean():
 
 def test_the_runs_own_steps_become_samples_per_batch_and_prompt_size():
     run_steps = {"decode 1": [100, 0.4, 16000], "decode 2": [50, 0.25, 17000], "decode 9": [3, 0.03, 2000],
-                 "prefill 128": [60, 0.9, 0], "prefill 256": [2, 0.05, 0]}  # fmt: skip
-    samples = sim_fidelity.run_step_samples(run_steps)  # decode 9 and prefill 256: too few to average
+                 "prefill 128": [60, 0.9, 0], "prefill 384": [2, 0.05, 0]}  # fmt: skip
+    samples = sim_fidelity.run_step_samples(run_steps, 128)  # decode 9 and prefill 384: too few to average
     assert [(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read) for s in samples] == [
         (0, 1, 160), (0, 2, 340), (128, 0, 0)
     ]  # fmt: skip
     assert [s.seconds for s in samples] == pytest.approx([0.004, 0.005, 0.015])
+    # A pass of 256 tokens in a run of 128-token prompts prefilled two of them: two prompts' attention pairs,
+    # not one 256-token prompt's, which the line's f would charge four times the pairs of one.
+    both = sim_fidelity.run_step_samples({"prefill 128": [60, 0.9, 0], "prefill 256": [8, 0.2, 0]}, 128)
+    assert [s.attention_pairs for s in both] == [128 * 129 / 2, 2 * 128 * 129 / 2]
+    odd = sim_fidelity.run_step_samples({"prefill 200": [8, 0.2, 0]}, 128)
+    assert odd[0].attention_pairs == 0  # no multiple of the prompt: read as one fresh prompt
 
 
 def test_a_replay_with_the_servers_step_counters_tells_the_calibration_from_the_simulator(tmp_path, capsys):

@@ -156,7 +156,11 @@ def _add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--flops-efficiency", type=float, help="share of peak FLOP/s reached (default 0.75)")
     c.add_argument("--bandwidth-efficiency", type=float, help="share of peak bandwidth reached (default 0.77)")
     c.add_argument("--step-overhead-ms", type=float, help="fixed ms per step added to the roofline")
-    c.add_argument("--linear", help="linear model A,B,C,D in seconds: A + B*prefill + C*decode + D*KV tokens read")
+    c.add_argument(
+        "--linear",
+        help="linear model A,B,C,D[,F[,G]] in seconds: A + B*prefill + C*decode + D*KV tokens read + F*prefill "
+        "attention pairs (a prompt of n tokens: n(n+1)/2) + G on a step of two or more token rows",
+    )
     c.add_argument("--tp", type=int, help="tensor-parallel GPUs per replica (vLLM's --tensor-parallel-size; default 1)")
     c.add_argument(
         "--pp", type=int, help="pipeline-parallel stages per replica (vLLM's --pipeline-parallel-size; default 1)"
@@ -296,12 +300,17 @@ def _linear_cost(c: dict):
 
     if not c["linear"]:
         raise ValueError(
-            "--cost linear needs --linear A,B,C,D (seconds per step, prefill token, decode token, KV token)"
+            "--cost linear needs --linear A,B,C,D[,F[,G]] (seconds per step, prefill token, decode token, KV token, "
+            "prefill attention pair, and step of two or more token rows)"
         )
     values = c["linear"] if isinstance(c["linear"], list) else str(c["linear"]).split(",")
-    if len(values) != 4:
-        raise ValueError(f"--linear needs four numbers A,B,C,D; got {c['linear']!r}")
-    cost = LinearCost(*(float(v) for v in values))
+    if len(values) not in (4, 5, 6):
+        raise ValueError(f"--linear needs four to six numbers A,B,C,D[,F[,G]]; got {c['linear']!r}")
+    try:
+        numbers = [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise ValueError(f"--linear takes numbers in seconds, A,B,C,D[,F[,G]]; got {c['linear']!r}") from None
+    cost = LinearCost(*numbers[:4], **dict(zip(("f", "g"), numbers[4:])))
     if c["tp"] * c["pp"] > 1:
         raise ValueError(
             "--tp/--pp with --cost linear: a linear cost is fitted on one deployment and already holds its "

@@ -18,7 +18,13 @@ Two models turn them into seconds:
   second. Efficiencies default to what measured GEMMs reach (see :data:`ROOFLINE_EFFICIENCY`).
 * :class:`LinearCost`, ``a + b*prefill_tokens + c*decode_tokens + d*kv_tokens_read``, fitted by
   least squares to step times measured on a real runtime (:meth:`LinearCost.fit`). This is the
-  latency model of simulators such as BLIS/inference-sim (``L = b0 + b1*X + b2*Y``) with a KV term.
+  latency model of simulators such as BLIS/inference-sim (``L = b0 + b1*X + b2*Y``) with a KV term,
+  and an ``f`` per attention pair among a step's prefill tokens (:func:`prefill_pairs`), because a
+  prompt's attention grows with its square while the rest of its pass grows with its length: the
+  ``n_ctx`` term of the forward FLOPs per token in Kaplan et al., "Scaling Laws for Neural Language
+  Models" (2020, table 1), and the roofline's ``attention_pairs`` below; and a ``g`` per step of two
+  or more token rows, because a single decode row multiplies every weight matrix by one vector
+  (a matrix-vector kernel) and more rows take a matrix-matrix kernel with a fixed cost of its own.
   What a server spends outside the forward pass is part of it too, fitted from the same
   measurements: ``e`` seconds for every request whose prompt a step starts (parsing the HTTP
   request, tokenizing, the hand-off to the engine and the first token's way out, where they share
@@ -198,7 +204,9 @@ class StepSample:
     ``deviations`` (optional): the single measurements this sample summarizes, each minus their
     mean (s), e.g. every chunk gap of a decode microbenchmark; :meth:`LinearCost.fit` turns them
     into the step-time spread. A sample with ``prefill_tokens`` is one prompt's prefill (batch 1),
-    as every calibration in the course measures it.
+    as every calibration in the course measures it, unless ``attention_pairs`` says otherwise (the
+    step's (query, key) pairs as the simulator counts them; 0: one fresh prompt, decodes reading
+    their cache).
     """
 
     prefill_tokens: int
@@ -206,15 +214,44 @@ class StepSample:
     kv_tokens_read: int
     seconds: float
     deviations: tuple[float, ...] = field(default=(), kw_only=True)
+    attention_pairs: float = field(default=0.0, kw_only=True)
 
 
-FEATURES = ("per step", "per prefill token", "per decode token", "per KV token read", "per prompt started")
+FEATURES = (
+    "per step",
+    "per prefill token",
+    "per decode token",
+    "per KV token read",
+    "per prompt started",
+    "per prefill attention pair",
+    "per step of two or more token rows",
+)
 FRONT_END = ("step", "latency", "none")
 # Probabilities at which a fitted spread keeps its quantiles (every 2.5 %: p95 and p97.5 are points).
 SPREAD_PROBABILITIES = tuple(np.linspace(0.0, 1.0, 41))
+# Prompt lengths a fit needs before it fits the prefill's attention term f: one more than the prefill's
+# three terms (intercept, per token, per pair), so that the curve is checked by a point it does not pass
+# through by construction.
+CURVE_LENGTHS = 4
 # A step with a large negative draw still lasts this fraction of its expected time: measured gaps near 0
 # are chunks a client read in one burst, not steps that took no time.
 MIN_STEP_FRACTION = 0.05
+
+
+def prefill_pairs(
+    prefill_tokens: float, decode_tokens: float, kv_tokens_read: float, attention_pairs: float = 0.0
+) -> float:
+    """The attention pairs a step's prefill tokens compute beyond one read of each cached token (which
+    ``d`` charges): the step's pairs less its KV reads and one pair per decode (a decode of ``c`` cached
+    tokens has ``c + 1`` pairs). A fresh prompt of ``n`` tokens: ``n(n+1)/2``; a chunk of ``n`` after
+    ``c`` cached tokens: ``(n-1)c + n(n+1)/2``. Without ``attention_pairs`` (a plan reading a lone
+    request's time off the cost) the prefill tokens are one fresh prompt. 0 without prefill tokens.
+    """
+    if prefill_tokens <= 0:
+        return 0.0
+    if attention_pairs <= 0:
+        return prefill_tokens * (prefill_tokens + 1) / 2.0
+    return max(attention_pairs - kv_tokens_read - decode_tokens, 0.0)
 
 
 def prompts_started(
@@ -259,8 +296,9 @@ def _unit(seed: int, prefill_tokens: int, decode_tokens: int, kv_tokens_read: in
 
 @dataclass(frozen=True)
 class LinearCost:
-    """``a + b*prefill_tokens + c*decode_tokens + d*kv_tokens_read + e*prompts`` seconds per step, times
-    ``1 + r`` with ``r`` drawn from the step's spread when the cost has one.
+    """``a + b*prefill_tokens + c*decode_tokens + d*kv_tokens_read + e*prompts + f*prefill_pairs``, plus
+    ``g`` when the step computes two or more tokens, seconds per step, times ``1 + r`` with ``r`` drawn
+    from the step's spread when the cost has one.
 
     Attributes:
         a: fixed seconds per step (launches, Python, reading the weights when that does not grow).
@@ -272,6 +310,14 @@ class LinearCost:
         e: seconds per prompt the step starts (:func:`prompts_started`): the front end's work per
             request where it shares the engine's CPU (parsing, tokenizing, the hand-off to the
             engine, the first token's way out), so running requests wait for it too.
+        f: seconds per attention pair among the step's prefill tokens (:func:`prefill_pairs`; a fresh
+            prompt of ``n`` tokens has ``n(n+1)/2``): the attention's scores and weighted sums, which grow
+            with the square of a prompt where everything in ``b`` grows with its length.
+        g: seconds more for a step that computes two or more tokens (token rows) than the line gives: a
+            lone decode token multiplies each weight matrix by a vector, more rows go through a
+            matrix-matrix kernel with a fixed cost of its own (the course's server on a CPU sends one
+            row to PyTorch's matrix-vector product and more to oneDNN's packed-weight kernel,
+            ``course.serving.runner``; cuBLAS too picks a matrix-vector kernel for one row).
         before_engine: seconds of the front end's work on each request before the engine can schedule
             it (reading, parsing and tokenizing it), where the front end shares the engine's core: the
             request reaches the queue that long after it arrives, twice that long when it arrives
@@ -296,6 +342,8 @@ class LinearCost:
     c: float
     d: float
     e: float = 0.0
+    f: float = 0.0
+    g: float = 0.0
     before_engine: float = 0.0
     latency: float = 0.0
     spread: tuple[float, ...] = ()
@@ -303,7 +351,7 @@ class LinearCost:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("e", "before_engine", "latency"):
+        for name in ("e", "f", "g", "before_engine", "latency"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"LinearCost.{name} must be >= 0 seconds, got {value!r}")
@@ -322,6 +370,10 @@ class LinearCost:
         seconds = self.a + self.b * prefill_tokens + self.c * decode_tokens + self.d * kv_tokens_read
         if self.e and prefill_tokens > 0:
             seconds += self.e * prompts_started(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)
+        if self.f and prefill_tokens > 0:
+            seconds += self.f * prefill_pairs(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)
+        if self.g and prefill_tokens + decode_tokens >= 2:
+            seconds += self.g
         return seconds
 
     def step_seconds(
@@ -373,6 +425,10 @@ class LinearCost:
             f"linear: {self.a * 1e3:.3g} ms + {self.b * 1e6:.3g} us/prefill token + "
             f"{self.c * 1e6:.3g} us/decode token + {self.d * 1e9:.3g} ns/KV token read"
         )
+        if self.f:
+            text += f" + {self.f * 1e9:.3g} ns/prefill attention pair"
+        if self.g:
+            text += f" + {self.g * 1e3:.3g} ms/step of 2+ token rows"
         if self.e:
             text += f" + {self.e * 1e3:.3g} ms/prompt started"
         if self.before_engine:
@@ -392,7 +448,7 @@ class LinearCost:
         and ``before_engine`` for a prefill (a lone request's TTFT includes the front end's time)."""
         return np.array(
             [
-                self.expected_seconds(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read)
+                self.expected_seconds(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read, s.attention_pairs)
                 + (self.latency + self.before_engine if s.prefill_tokens > 0 else 0.0)
                 for s in samples
             ]
@@ -407,6 +463,7 @@ class LinearCost:
         spread: bool = True,
         seed: int = 0,
         before_engine_share: float = 0.0,
+        shape: bool = True,
     ) -> LinearCost:
         """Least-squares fit with every coefficient >= 0, and the spread of the samples' deviations.
 
@@ -428,6 +485,12 @@ class LinearCost:
         (``benchmarks/sim_fidelity.py`` reads it off its ``/metrics``); the rest stays ``e``. A lone
         request's TTFT is the same either way; under load the share waits for the front end.
 
+        ``shape=True`` fits the two terms that follow the kernels rather than a line: ``f``, the cost of
+        the prefill's attention pairs, when the samples hold prompts of at least :data:`CURVE_LENGTHS`
+        lengths (the prefill's intercept, ``b`` and ``f`` go exactly through any three, noise and all),
+        and ``g``, the step of two or more token rows, when the samples hold decode steps of one row
+        and of more. ``False`` leaves both 0 (the plain line of ``a`` to ``e``).
+
         ``spread=True`` with samples that carry ``deviations``: :func:`fit_spread` over the decode
         samples and over the prefill samples gives ``spread`` and ``prefill_spread``.
         """
@@ -443,7 +506,18 @@ class LinearCost:
         if len(samples) < 2:
             raise ValueError(f"fitting a linear cost needs at least 2 measured steps, got {len(samples)}")
         x = np.array(
-            [[1.0, s.prefill_tokens, s.decode_tokens, s.kv_tokens_read, float(s.prefill_tokens > 0)] for s in samples]
+            [
+                [
+                    1.0,
+                    s.prefill_tokens,
+                    s.decode_tokens,
+                    s.kv_tokens_read,
+                    float(s.prefill_tokens > 0),
+                    prefill_pairs(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read, s.attention_pairs),
+                    float(s.prefill_tokens + s.decode_tokens >= 2),
+                ]
+                for s in samples
+            ]
         )
         y = np.array([s.seconds for s in samples], dtype=float)
         if np.any(y <= 0):
@@ -453,7 +527,15 @@ class LinearCost:
         usable = [j for j in range(x.shape[1]) if j == 0 or np.ptp(x[:, j]) > 0]
         if front_end == "none":
             usable = [j for j in usable if j != 4]
+        if not shape or len({s.prefill_tokens for s in samples if s.prefill_tokens > 0}) < CURVE_LENGTHS:
+            usable = [j for j in usable if j != 5]
+        decode_rows = {s.decode_tokens >= 2 for s in samples if s.decode_tokens and not s.prefill_tokens}
+        if not shape or decode_rows != {False, True}:  # g is told apart by decode steps of one row and of more
+            usable = [j for j in usable if j != 6]
         best, best_error = np.zeros(x.shape[1]), np.inf
+        # A larger subset must do better, not tie: by more than rounding, which on exact data (an error
+        # near 0) would otherwise hand a term a coefficient of 1e-19 s.
+        rounding = 1e-12 * float(np.sum(yw**2))
         for size in range(1, len(usable) + 1):
             for subset in itertools.combinations(usable, size):
                 columns = xw[:, subset]
@@ -463,11 +545,11 @@ class LinearCost:
                 if np.any(coef < 0):
                     continue
                 error = float(np.sum((columns @ coef - yw) ** 2))
-                if error < best_error * (1 - 1e-12):  # a larger subset must do better, not tie
+                if error < best_error * (1 - 1e-12) - rounding:
                     best_error = error
                     best = np.zeros(x.shape[1])
                     best[list(subset)] = coef
-        a, b, c, d, per_prompt = (float(v) for v in best)
+        a, b, c, d, per_prompt, f, g = (float(v) for v in best)
         if front_end == "latency":
             terms = {"latency": per_prompt}
         else:
@@ -475,7 +557,7 @@ class LinearCost:
         if spread:
             terms["spread"] = fit_spread([s for s in samples if s.prefill_tokens == 0])
             terms["prefill_spread"] = fit_spread([s for s in samples if s.prefill_tokens > 0])
-        return cls(a, b, c, d, **terms, seed=seed)
+        return cls(a, b, c, d, f=f, g=g, **terms, seed=seed)
 
 
 def fit_spread(samples: Sequence[StepSample], probabilities: Sequence[float] = SPREAD_PROBABILITIES) -> tuple:

@@ -23,7 +23,9 @@
    ``before_engine``, which under load the request waits for, twice as long while a step runs
    (``course.sim.rules.FrontDoor``). The microbenchmarks run in rounds (three for the course's
    server, two for vLLM), one before the run, the others between its parts and after it; the fit
-   uses each one's mean over the rounds.
+   uses each one's mean over the rounds. For the course's server the line is fitted to the decode
+   samples and the prefill passes the server counted, and the front end is the prefill
+   microbenchmarks' median TTFTs minus those passes: one fit of the TTFTs cannot tell the two apart.
 3. **The run to predict**: Poisson arrivals measured with ``course bench --request-rate ... --output``,
    in parts between the calibration rounds (two parts with three rounds: round, part, round, part,
    round), so that the calibration and the run see the same stretch of a machine whose speed drifts;
@@ -83,6 +85,7 @@ from course.capacity import (
     settled_prefill_counters,
 )
 from course.sim import LinearCost, SimConfig, StepSample, simulate
+from course.sim.cost import fit_spread
 from course.trace import load_traces, save_traces
 from course.workload import all_at_once, from_traces
 
@@ -666,13 +669,52 @@ def counted_passes(folders: list[Path]) -> dict:
     return {"calibration_passes": passes, **({} if share is None else {"before_engine_share": share})}
 
 
+def pass_means(passes: list[dict[str, list]]) -> dict[int, float]:
+    """The mean prefill pass the server counted at each prompt size (s), over the rounds that counted one."""
+    sizes = {int(size) for counted in passes for size, entry in counted.items() if entry[0]}
+    return {size: statistics.fmean(counted[str(size)][1] / counted[str(size)][0] for counted in passes
+                                   if counted.get(str(size), [0])[0]) for size in sizes}  # fmt: skip
+
+
 def fitted_cost(args: argparse.Namespace, front_end: str, samples: list[StepSample], facts: dict) -> LinearCost:
     """The cost fitted to the calibration: with the share of the front end's work before the engine
-    (``--before-engine-share``, else as the calibration measured it, else none)."""
+    (``--before-engine-share``, else as the calibration measured it, else none).
+
+    Where the server counted its prefill passes in every calibration prefill (the course's), the steps
+    and the front end are fitted apart: the line to the decode samples and the passes themselves, the
+    front end as the median TTFTs minus those passes (:func:`front_end_with_passes`). Otherwise one fit
+    tells the front end from the steps as the per-prompt term beside the decodes' intercept."""
     share = args.before_engine_share
     if share is None:
         share = facts.get("before_engine_share", 0.0) if front_end == "step" else 0.0
+    if front_end == "step" and facts.get("calibration_passes"):
+        split = front_end_with_passes(samples, pass_means(facts["calibration_passes"]), share, args.seed)
+        if split is not None:
+            return split
     return LinearCost.fit(samples, front_end=front_end, seed=args.seed, before_engine_share=share)
+
+
+def front_end_with_passes(samples: list[StepSample], passes: dict[int, float], share: float,
+                          seed: int) -> LinearCost | None:  # fmt: skip
+    """The line fitted to the decode samples and the server's own prefill passes (``passes``: prompt
+    tokens -> mean pass, s), and the front end as what each prefill sample's TTFT spends outside its
+    pass, averaged over the prompt sizes (``share`` of it before the engine). The spreads are the
+    samples' own. None when a prompt size has no counted pass or the TTFTs do not exceed the passes.
+
+    One fit of the TTFTs cannot tell the front end from the pass: a line that puts the 128-token pass
+    10-20 % low makes up for it with a larger per-prompt term, and under load that term is the part a
+    request waits for twice over (benchmarks/RESULTS.md, 2026-12-04)."""
+    prefills = [s for s in samples if s.prefill_tokens]
+    if not prefills or any(s.prefill_tokens not in passes for s in prefills):
+        return None
+    outside = statistics.fmean(s.seconds - passes[s.prefill_tokens] for s in prefills)
+    if outside <= 0:
+        return None
+    steps = [dataclasses.replace(s, seconds=passes[s.prefill_tokens]) if s.prefill_tokens else s for s in samples]
+    line = LinearCost.fit(steps, front_end="none", spread=False, seed=seed)
+    return dataclasses.replace(line, e=outside * (1 - share), before_engine=outside * share,
+                               spread=fit_spread([s for s in samples if not s.prefill_tokens]),
+                               prefill_spread=fit_spread(prefills))  # fmt: skip
 
 
 def report(
@@ -685,6 +727,11 @@ def report(
     cost = fitted_cost(args, front_end, samples, facts)
     line = LinearCost.fit(samples, front_end="none", spread=False, shape=False)
     print(f"\nfitted {cost.describe()}")
+    prompts = {s.prefill_tokens for s in samples if s.prefill_tokens}
+    if front_end == "step" and set(pass_means(facts.get("calibration_passes", []))) >= prompts:
+        print(f"  the steps fitted to the decodes and the server's own prefill passes; the front end, "
+              f"{(cost.e + cost.before_engine) * 1e3:.2f} ms per request, is the prefill microbenchmarks' median "
+              "TTFTs minus those passes")  # fmt: skip
     if cost.before_engine:
         source = ("--before-engine-share" if args.before_engine_share is not None else
                   "the prefill microbenchmarks' TTFTs at the client, at the server and inside the engine")  # fmt: skip

@@ -133,6 +133,34 @@ def test_the_front_end_is_the_calibrations_ttft_less_the_passes_the_server_count
     assert "prefill 128" in out and "over the prefill steps the line is" in out
 
 
+def test_with_the_counted_passes_the_steps_and_the_front_end_are_fitted_apart(tmp_path, capsys):
+    # The made-up server's TTFT is 5 ms + its pass, the pass 0.1 ms per prompt token: the front end is the 5 ms
+    # the TTFTs spend outside the passes, and the line's prefill follows the passes, not the TTFTs.
+    keep_a_run(tmp_path, passes=True, server_ttft=0.002)
+    args = sim_fidelity.parse_args(["--replay", str(tmp_path)])
+    rounds, _, facts = sim_fidelity.replayed(tmp_path, 3)
+    samples = sim_fidelity.merge_rounds(rounds)
+    cost = sim_fidelity.fitted_cost(args, "step", samples, facts)
+    assert cost.e + cost.before_engine == pytest.approx(0.005)
+    assert cost.before_engine == pytest.approx(0.003)  # 3 of the 5 ms before the engine (its own TTFT: pass + 2 ms)
+    assert cost.prefill_spread == () or len(cost.prefill_spread) > 1
+    # one fit of the TTFTs alone cannot tell the two apart: it takes the front end as the prefills' excess over
+    # the decodes' intercept
+    joint = sim_fidelity.fitted_cost(args, "step", samples, {})
+    assert joint.e + joint.before_engine != pytest.approx(0.005, rel=0.05)
+    assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
+    assert "the front end, 5.00 ms per request, is the prefill microbenchmarks' median TTFTs" in capsys.readouterr().out
+    # a size without a counted pass: the joint fit
+    del (
+        facts["calibration_passes"][0]["128"],
+        facts["calibration_passes"][1]["128"],
+        facts["calibration_passes"][2]["128"],
+    )
+    assert sim_fidelity.fitted_cost(args, "step", samples, facts) == sim_fidelity.fitted_cost(
+        args, "step", samples, {"before_engine_share": facts["before_engine_share"]}
+    )
+
+
 def test_the_share_of_the_front_end_before_the_engine_is_read_off_the_servers_ttft(tmp_path, capsys):
     # The made-up server's TTFT at the client is its pass + 5 ms; its own TTFT (from the engine's arrival
     # stamp) is the pass + 2 ms: 3 of the 5 ms come before the engine sees the request.

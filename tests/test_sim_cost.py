@@ -127,7 +127,7 @@ def test_fit_recovers_the_prefills_attention_term_where_one_slope_misses_the_mid
 
 
 # The course's server on this CPU: a lone decode row goes through a matrix-vector product, two or more rows
-# through oneDNN's packed-weight kernel, 0.8-0.9 ms slower on the tiny model (benchmarks/RESULTS.md).
+# through oneDNN's packed-weight kernel, 0.9 ms slower for the tiny model's matrices (benchmarks/RESULTS.md).
 MATRIX = LinearCost(a=1.8e-3, b=6e-5, c=1.3e-4, d=4e-7, e=1e-3, g=0.85e-3)
 
 

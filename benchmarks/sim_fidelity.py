@@ -13,7 +13,9 @@
    step samples, the method of module 5's ``course.capacity.calibration_samples``, and
    ``course.sim.LinearCost.fit`` turns them into ``a + b*prefill + c*decode + d*KV read`` and ``f`` per
    attention pair of a prompt (``n(n+1)/2`` for ``n`` tokens: the prefill's attention grows with the
-   square of the prompt, and one slope from 16 to 512 tokens missed 128 long), plus what a
+   square of the prompt, and one slope from 16 to 512 tokens missed 128 long) and ``g`` on each step of
+   two or more token rows (a lone decode row takes a matrix-vector kernel, more rows a matrix-matrix
+   one), plus what a
    request costs outside the forward pass (``e`` per prompt started, on the engine's CPU, for the
    course's server, whose event loop shares core 0 with its engine thread; a ``latency`` off the
    steps for vLLM, whose API server is another process) and the step-time spread (the single steps'
@@ -702,7 +704,7 @@ def front_end_with_passes(samples: list[StepSample], passes: dict[int, float], s
     samples' own. None when a prompt size has no counted pass or the TTFTs do not exceed the passes.
 
     One fit of the TTFTs cannot tell the front end from the pass: a line that puts the 128-token pass
-    10-20 % low makes up for it with a larger per-prompt term, and under load that term is the part a
+    4-21 % low makes up for it with a larger per-prompt term, and under load that term is the part a
     request waits for twice over (benchmarks/RESULTS.md, 2026-12-04)."""
     prefills = [s for s in samples if s.prefill_tokens]
     if not prefills or any(s.prefill_tokens not in passes for s in prefills):
@@ -727,8 +729,8 @@ def report(
     cost = fitted_cost(args, front_end, samples, facts)
     line = LinearCost.fit(samples, front_end="none", spread=False, shape=False)
     print(f"\nfitted {cost.describe()}")
-    prompts = {s.prefill_tokens for s in samples if s.prefill_tokens}
-    if front_end == "step" and set(pass_means(facts.get("calibration_passes", []))) >= prompts:
+    passes = pass_means(facts.get("calibration_passes", []))
+    if front_end == "step" and front_end_with_passes(samples, passes, 0.0, args.seed) is not None:
         print(f"  the steps fitted to the decodes and the server's own prefill passes; the front end, "
               f"{(cost.e + cost.before_engine) * 1e3:.2f} ms per request, is the prefill microbenchmarks' median "
               "TTFTs minus those passes")  # fmt: skip

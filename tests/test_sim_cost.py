@@ -10,7 +10,7 @@ import pytest
 from course.capacity import decode_sample, prefill_sample, server_sim_config
 from course.metrics import summarize
 from course.sim import LinearCost, SimConfig, StepSample, simulate
-from course.sim.cost import SPREAD_PROBABILITIES, fit_spread, prefill_pairs, prompts_started
+from course.sim.cost import SPREAD_PROBABILITIES, fit_spread, prefill_pairs, prompts_started, spread_draw
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload, fixed, poisson
 
@@ -268,19 +268,73 @@ def test_fit_spread_keeps_the_measured_deviations_quantiles_relative_with_mean_z
 def test_the_spread_is_drawn_per_step_without_state_and_reproduces_its_quantiles():
     spread = fit_spread(spread_samples(np.random.default_rng(1)))
     cost = LinearCost(4e-3, 0, 0, 0, spread=spread, seed=7)
-    loads = [(0, 8, 1000 + 8 * k, 1008 + 8 * k) for k in range(20000)]  # a decode batch, one step after another
-    drawn = np.array([cost.step_seconds(*load) for load in loads]) / 4e-3 - 1  # relative deviations
+    draw = spread_draw(cost)
+    drawn = np.array([draw(step, False) for step in range(20000)]) - 1  # relative deviations, one per step
     assert abs(drawn.mean()) < 0.01
     assert np.quantile(drawn, 0.95) == pytest.approx(np.interp(0.95, np.linspace(0, 1, len(spread)), spread), rel=0.05)
-    # a pure function of the load and the seed: the same draws in any order, whatever ran before
-    again = [cost.step_seconds(*load) for load in reversed(loads[:100])]
-    assert again[::-1] == [cost.step_seconds(*load) for load in loads[:100]]
-    other = LinearCost(4e-3, 0, 0, 0, spread=spread, seed=8)
-    assert [other.step_seconds(*load) for load in loads[:100]] != [cost.step_seconds(*load) for load in loads[:100]]
-    assert cost.step_seconds(0, 8, 1000) == 4e-3  # without attention pairs (not a simulated step): the expected time
+    # a pure function of the step's index and the seed: the same draws in any order, whatever ran before
+    assert [draw(step, False) for step in reversed(range(100))][::-1] == [draw(step, False) for step in range(100)]
+    other = spread_draw(LinearCost(4e-3, 0, 0, 0, spread=spread, seed=8))
+    assert [other(step, False) for step in range(100)] != [draw(step, False) for step in range(100)]
+    assert cost.step_seconds(0, 8, 1000, 1008) == 4e-3  # the cost itself gives the expected time
+    assert spread_draw(LinearCost(4e-3, 0, 0, 0)) is None  # no spread: nothing to draw
+    assert spread_draw(TRUTH) is None and spread_draw(object()) is None
+    # prefill steps draw from their own spread; a cost with only one kind leaves the other at its mean
+    prefill_only = spread_draw(LinearCost(4e-3, 0, 0, 0, prefill_spread=(0.5, 0.5), seed=7))
+    assert (prefill_only(3, True), prefill_only(3, False)) == (1.5, 1.0)
     # a huge negative draw cannot make a step take no time
-    floor = LinearCost(1e-3, 0, 0, 0, spread=(-1.0, -1.0), seed=0)
-    assert floor.step_seconds(0, 1, 10, 11) == pytest.approx(0.05e-3)
+    floor = spread_draw(LinearCost(1e-3, 0, 0, 0, spread=(-1.0, -1.0), seed=0))
+    assert floor(0, False) == pytest.approx(0.05)
+
+
+def test_steps_of_the_same_load_draw_apart():
+    """The draw is keyed by the step's index, not its load: lone requests of one prompt size each get their
+    own prefill deviation. Keyed by the load (before 2026-12-04), every one of them drew the same one, so
+    the seed alone moved a replayed run's TTFT p50 by up to 30 points (benchmarks/RESULTS.md)."""
+    spread = tuple(np.linspace(-0.2, 0.2, 41))
+    cost = LinearCost(2e-3, 4e-5, 3e-4, 0.0, spread=spread, prefill_spread=spread, seed=0)
+    lone = Workload([RequestSpec(str(i), float(i), 128, 4) for i in range(40)], "one at a time")
+    traces = simulate(lone, server_sim_config(16, 512), cost).traces
+    ttfts = np.array([t.chunk_times[0] - t.send_time for t in traces])
+    expected = cost.expected_seconds(128, 0, 0)
+    assert len(set(np.round(ttfts, 12))) > 30  # each lone prefill draws its own deviation
+    assert ttfts.min() < 0.9 * expected and ttfts.max() > 1.1 * expected
+    # the same holds for the k-th decode step of every lone request
+    second_gaps = np.array([t.chunk_times[1] - t.chunk_times[0] for t in traces])
+    assert len(set(np.round(second_gaps, 12))) > 30
+
+
+@pytest.mark.parametrize("scheduler", ["prefill-first", "continuous", "static"])
+def test_both_engines_draw_the_same_spread(scheduler):
+    """The readable reference and the fast engine index their steps alike, so a cost with a spread gives
+    them the same token times."""
+    from helpers import reference
+
+    spread = fit_spread(spread_samples(np.random.default_rng(3)))
+    cost = LinearCost(2e-3, 4e-5, 3e-4, 2e-8, spread=spread, prefill_spread=tuple(np.linspace(-0.1, 0.1, 41)), seed=5)
+    load = poisson(8, 60, fixed(96), fixed(24), seed=11)
+    if scheduler == "prefill-first":
+        config = server_sim_config(8, 512)
+    else:
+        config = SimConfig(scheduler=scheduler, max_num_seqs=8, num_blocks=4096, max_num_batched_tokens=512)
+    fast = simulate(load, config, cost).traces
+    readable = reference(load, config, cost)[0]
+    assert {t.request_id: t.chunk_times for t in fast} == {t.request_id: t.chunk_times for t in readable}
+    assert [t.chunk_times for t in fast] != [t.chunk_times for t in simulate(load, config, TRUTH).traces]
+
+
+def test_wrapped_costs_forward_their_spread():
+    from course.sim.disagg import TransferredPrompts
+
+    spread = tuple(np.linspace(-0.3, 0.3, 41))
+    cost = LinearCost(2e-3, 4e-5, 3e-4, 0.0, spread=spread, prefill_spread=(0.5, 0.5), seed=1)
+    decode_only = spread_draw(TransferredPrompts(cost))
+    assert [decode_only(step, True) for step in range(5)] == [spread_draw(cost)(step, False) for step in range(5)]
+    assert spread_draw(TransferredPrompts(TRUTH)) is None
+    from course.sim.parallel import ParallelCost
+
+    one_gpu = ParallelCost(cost, tp=1, pp=1, hidden_size=64, stage_layers=2)
+    assert spread_draw(one_gpu) == spread_draw(cost)  # the whole step draws the stage cost's deviation
 
 
 def test_a_simulation_with_a_spread_is_deterministic_and_wider_in_the_tail():

@@ -30,15 +30,16 @@ Two models turn them into seconds:
   request, tokenizing, the hand-off to the engine and the first token's way out, where they share
   the engine's CPU), or a ``latency`` that every request spends off the engine's steps (an API
   server in another process: vLLM's front end); and the step-time spread, the measured steps'
-  relative deviations from their mean (decode steps and prefill steps apart), drawn per step from a
-  seeded hash so a simulation stays deterministic.
+  relative deviations from their mean (decode steps and prefill steps apart), which the simulator
+  draws for each step from a seeded hash of the step's index (:func:`spread_draw`), so a simulation
+  stays deterministic.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -56,7 +57,8 @@ ROOFLINE_EFFICIENCY = {"flops": 0.75, "bandwidth": 0.77}
 
 
 class CostModel(Protocol):
-    """Anything with ``step_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs=0)``."""
+    """Anything with ``step_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs=0)``, and
+    optionally a ``spread_draw`` (:func:`spread_draw`) that the simulator multiplies each step by."""
 
     def step_seconds(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float = 0.0
@@ -279,19 +281,29 @@ def prompts_started(
 _MASK64 = (1 << 64) - 1
 
 
-def _unit(seed: int, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float) -> float:
-    """A uniform number in [0, 1) from the step's load and ``seed``: splitmix64's finalizer over each input.
+def _unit(seed: int, step: int) -> float:
+    """A uniform number in [0, 1) from ``seed`` and a step's index: splitmix64's finalizer over each.
 
     A pure function of its inputs (no generator state), so a simulation with a spread gives the same
-    result every time it runs with the same seed, whatever ran before it.
+    result every time it runs with the same seed, whatever ran before it; and keyed by the step's
+    index, not its load, so that steps of the same load (every lone prefill of a prompt size, the
+    k-th decode step of every lone request) draw apart.
     """
     h = seed & _MASK64
-    for value in (prefill_tokens, decode_tokens, kv_tokens_read, int(attention_pairs)):
+    for value in (step, 0x5EED):
         h = ((h ^ (value & _MASK64)) + 0x9E3779B97F4A7C15) & _MASK64
         h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
         h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
         h ^= h >> 31
     return h / 2.0**64
+
+
+def spread_draw(cost) -> Callable[[int, bool], float] | None:
+    """The function that draws a simulated step's time ratio, ``draw(step index, prefills) -> ratio``
+    (the step takes its cost's seconds times the ratio), or None for a cost without a spread: its
+    ``spread_draw`` attribute (:attr:`LinearCost.spread_draw`; a wrapper forwards its inner cost's).
+    The simulator applies it, not the cost, because only the simulator knows which step it is."""
+    return getattr(cost, "spread_draw", None)
 
 
 @dataclass(frozen=True)
@@ -334,7 +346,7 @@ class LinearCost:
             fitted); () = none. Relative, because a step shares its core with other work for its
             whole length: on a busy machine a longer step is stretched by more.
         prefill_spread: the same for steps that prefill (their scatter includes the front end's).
-        seed: picks the deviations: each step draws one from a hash of ``seed`` and its load.
+        seed: picks the deviations: each simulated step draws one from a hash of ``seed`` and its index.
     """
 
     a: float
@@ -379,30 +391,31 @@ class LinearCost:
     def step_seconds(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float = 0.0
     ) -> float:
-        """The step's time (s): :meth:`expected_seconds`, times ``1 + r`` with ``r`` drawn from its spread.
+        """The step's expected time (s), :meth:`expected_seconds`. A simulation draws each step's
+        deviation from the spread on top (:attr:`spread_draw`)."""
+        return self.expected_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)
 
-        Only simulated steps draw: the simulator always passes ``attention_pairs`` (every step attends
-        to at least one pair), so a call with the token counts alone (a plan reading a lone request's
-        time off the line) gets the expected time, as it did before the cost had a spread.
+    @property
+    def spread_draw(self) -> Callable[[int, bool], float] | None:
+        """:meth:`ratio` when the cost has a spread, else None (every step takes its expected time)."""
+        return self.ratio if self.spread or self.prefill_spread else None
+
+    def ratio(self, step: int, prefills: bool) -> float:
+        """Simulated step ``step``'s time over its expected time: ``1 + r`` with ``r`` its :meth:`deviation`,
+        at least :data:`MIN_STEP_FRACTION`."""
+        return max(1.0 + self.deviation(step, prefills), MIN_STEP_FRACTION)
+
+    def deviation(self, step: int, prefills: bool) -> float:
+        """Simulated step ``step``'s drawn relative deviation: the quantile function of its spread (the
+        prefill steps' when it ``prefills``) at a probability hashed from the seed and the step's index.
+
+        Each step draws independently of the others, whatever its load; the same step of the same
+        seed draws the same deviation (the draw has no state).
         """
-        seconds = self.expected_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)
-        if attention_pairs <= 0 or not (self.spread or self.prefill_spread):
-            return seconds
-        ratio = 1.0 + self.deviation(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)
-        return seconds * max(ratio, MIN_STEP_FRACTION)
-
-    def deviation(self, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float) -> float:
-        """The step's drawn relative deviation: its spread's quantile function at a hashed probability.
-
-        Steps with the same load and seed draw the same deviation (the draw has no state); steps that
-        differ in any count (a decode's KV read grows every step) draw independently.
-        """
-        quantiles = self.prefill_spread if prefill_tokens > 0 else self.spread
+        quantiles = self.prefill_spread if prefills else self.spread
         if not quantiles:
             return 0.0
-        position = _unit(self.seed, prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs) * (
-            len(quantiles) - 1
-        )
+        position = _unit(self.seed, step) * (len(quantiles) - 1)
         index = int(position)
         low = quantiles[index]
         return low + (position - index) * (quantiles[min(index + 1, len(quantiles) - 1)] - low)

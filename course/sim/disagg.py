@@ -52,6 +52,12 @@ class TransferredPrompts:
         kv = kv_tokens_read + prefill_tokens
         return self.inner.step_seconds(0, decode, kv, kv + decode)
 
+    @property
+    def spread_draw(self):
+        """The inner cost's step-time spread, its decode steps' (every step here is one)."""
+        draw = getattr(self.inner, "spread_draw", None)
+        return None if draw is None else lambda step, prefills: draw(step, False)
+
     def describe(self) -> str:
         inner = self.inner.describe() if hasattr(self.inner, "describe") else repr(self.inner)
         return f"decode instance (prompts arrive computed); {inner}"

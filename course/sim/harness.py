@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from course.limits import rejection
 from course.sim import rules
+from course.sim.cost import spread_draw
 from course.sim.results import RequestRecord, SimResult, StepLog, StepLogBuilder, request_table, token_runs
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
@@ -160,7 +161,8 @@ def run(
             ``waiting``), but must not change ``computed`` of the requests it schedules: the harness
             adds the tokens after the step.
         blocks: the block manager the step allocates from; the harness frees finished requests.
-        cost: any object with ``step_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)``.
+        cost: any object with ``step_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)``,
+            and a ``spread_draw`` when its steps scatter (:func:`course.sim.cost.spread_draw`).
         block_hashes: prompt block hashes per request, for prefix caching.
         max_model_len: the longest prompt + output a request may have (None: no limit).
         watermark_blocks: blocks the step keeps free when admitting (V0's watermark), so that a
@@ -192,6 +194,7 @@ def run(
     now, arrived = 0.0, 0
     finishing: list[SimRequest] = []  # async scheduling: finished in the last step, not yet freed
     front = rules.FrontDoor(getattr(cost, "before_engine", 0.0))
+    draw = spread_draw(cost)  # the step-time spread, drawn by the step's index (None: none)
     step_start = None  # when the step that just ended started (None after idling): who arrived during it
     for _ in range(max_steps):
         if front.seconds and step_start is not None:  # the front end's work on arrivals took part of the core
@@ -220,7 +223,8 @@ def run(
                 f"the step scheduled nothing at t={now:.6g} s with {len(running)} running and {len(waiting)} "
                 f"waiting requests and {blocks.num_free_blocks} free blocks: the simulation would never end"
             )
-        end = now + cost.step_seconds(*load) + front.taken()  # what the front end took from the engine's core
+        seconds = rules.step_time(cost.step_seconds(*load), draw, len(result.log), load[0] > 0)
+        end = now + seconds + front.taken()  # what the front end took from the engine's core
         result.log.add(now, end, *load, len(scheduled), blocks.num_blocks - blocks.num_free_blocks, queued)
         step_start, now = now, end
         finished = _compute(scheduled, len(result.log) - 1)

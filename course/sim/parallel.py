@@ -269,6 +269,11 @@ class ParallelCost:
         """Seconds of one step (a pipeline round when pp > 1); the engine's cost interface."""
         return self.breakdown(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs, **extra).seconds
 
+    @property
+    def spread_draw(self):
+        """The stage cost's step-time spread (:func:`course.sim.cost.spread_draw`), drawn for the whole step."""
+        return getattr(self.stage, "spread_draw", None)
+
     def describe(self) -> str:
         inner = self.stage.describe() if hasattr(self.stage, "describe") else repr(self.stage)
         parts = [f"TP {self.tp}" + (f" over {self.tp_link.name}" if self.tp_link and self.tp > 1 else "")]

@@ -111,6 +111,13 @@ def queue_full(unfinished: int, max_num_queued_reqs: int | None) -> bool:
     return max_num_queued_reqs is not None and unfinished + 1 > max_num_queued_reqs
 
 
+def step_time(seconds: float, draw, step: int, prefills: bool) -> float:
+    """A simulated step's time (s): its cost's expected ``seconds``, times the cost's spread drawn for the
+    step's index ``step`` (0 for the run's first step; ``prefills``: the step computes prompt tokens),
+    where the cost has one (``draw``: :func:`course.sim.cost.spread_draw`; None: the expected time)."""
+    return seconds if draw is None else seconds * draw(step, prefills)
+
+
 # The front end's work takes this many times longer when it arrives while the engine is busy: two
 # runnable threads on one core, each getting half of it.
 SHARED_CORE_SLOWDOWN = 2.0

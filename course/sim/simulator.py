@@ -39,6 +39,7 @@ from course.limits import rejection
 from course.sim import rules
 from course.sim.blocks import BlockManager, prompt_block_hashes
 from course.sim.config import SimConfig
+from course.sim.cost import spread_draw
 from course.sim.results import RequestTable, SimResult, StepLogBuilder, request_table
 from course.units import cdiv
 from course.workload import RequestSpec, Workload
@@ -111,7 +112,8 @@ def simulate(workload: Workload, config: SimConfig | None = None, cost=None, nam
         workload: the requests (``course.workload``: generated, or replayed from ``course bench`` traces).
         config: scheduler settings (default: vLLM V1 with its API-server defaults and 16384 blocks).
         cost: a cost model with ``step_seconds(prefill_tokens, decode_tokens, kv_tokens_read,
-            attention_pairs)`` (``course.sim.RooflineCost``, ``course.sim.LinearCost``, ...).
+            attention_pairs)`` (``course.sim.RooflineCost``, ``course.sim.LinearCost``, ...), and a
+            ``spread_draw`` when its steps scatter (:func:`course.sim.cost.spread_draw`).
         name: a label for tables and plots.
 
     Requests that can never run (their prompt + output needs more KV blocks than exist, exceeds
@@ -242,6 +244,7 @@ class _IterativeRun:
         self.finishing: list[_FastRequest] = []
         self.admissions = 0
         self.step_seconds = cost.step_seconds
+        self.draw = spread_draw(cost)  # the step-time spread, drawn by the step's index (None: none)
         self.front = rules.FrontDoor(getattr(cost, "before_engine", 0.0))
         self.log = StepLogBuilder()
         self.waiting: deque[_FastRequest] = deque()
@@ -343,7 +346,9 @@ class _IterativeRun:
                 f"{len(self.waiting)} waiting, {self.blocks.num_free_blocks} free blocks); "
                 "this is a bug in the simulator"
             )
-        end = now + self.step_seconds(prefill, decode, kv_read, pairs)
+        end = now + rules.step_time(
+            self.step_seconds(prefill, decode, kv_read, pairs), self.draw, self.step, prefill > 0
+        )
         if self.front.seconds:
             end += self.front.taken()  # what the front end took from the engine's core (rules.FrontDoor)
         self.log.add(now, end, prefill, decode, kv_read, pairs, seqs, self.blocks.num_used_blocks, queued)
@@ -696,6 +701,7 @@ def _run_static(requests: list[_FastRequest], config: SimConfig, cost) -> StepLo
     specs = [r.spec for r in live]
     arrivals = [spec.arrival_time for spec in specs]
     now, step, index = 0.0, 0, 0
+    draw = spread_draw(cost)
     while index < len(live):
         now = max(now, arrivals[index])
         end, longest_prompt, longest_output = rules.static_batch(specs, index, now, batch_size, num_blocks, bs)
@@ -709,7 +715,7 @@ def _run_static(requests: list[_FastRequest], config: SimConfig, cost) -> StepLo
             r.run_start, r.last_step = step, step + r.output - 1
             r.generated = r.output
         for load in rules.static_batch_loads(size, longest_prompt, longest_output):
-            end = now + cost.step_seconds(*load)
+            end = now + rules.step_time(cost.step_seconds(*load), draw, step, load[0] > 0)
             log.add(now, end, *load, size, used, queued)
             now, step = end, step + 1
         assert step == first + longest_output

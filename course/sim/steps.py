@@ -40,6 +40,7 @@ from collections.abc import Iterable
 
 from course.limits import rejection
 from course.sim import rules
+from course.sim.cost import spread_draw
 from course.sim.harness import SimRequest
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
@@ -254,14 +255,16 @@ def run_static(
             )
         else:
             specs.append(spec)
-    now, index = 0.0, 0
+    now, index, step = 0.0, 0, 0
+    draw = spread_draw(cost)  # the step-time spread, drawn by the step's index in the run (None: none)
     while index < len(specs):
         now = max(now, specs[index].arrival_time)
         end, longest_prompt, longest_output = rules.static_batch(specs, index, now, batch_size, num_blocks, block_size)
         batch, index = specs[index:end], end
         times: dict[str, list[float]] = {s.request_id: [] for s in batch}
         for k, load in enumerate(rules.static_batch_loads(len(batch), longest_prompt, longest_output)):
-            now += cost.step_seconds(*load)
+            now += rules.step_time(cost.step_seconds(*load), draw, step, load[0] > 0)
+            step += 1
             for s in batch:
                 if s.output_tokens > k:  # step k (0: the prefill) gives the requests that want it a token
                     times[s.request_id].append(now)

@@ -16,6 +16,7 @@ import os
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 # A spread (max - min) / median above this fraction makes a figure too noisy to compare with
@@ -23,6 +24,11 @@ from typing import Protocol
 DEFAULT_TOLERANCE = 0.25
 # Load average per core above which other programs compete for the cores being measured.
 BUSY_LOAD_PER_CORE = 1.0
+# Share of a core's busy time that the hypervisor may take (steal time: the virtual CPU had work and the host
+# ran something else) before a measurement on that core is the host's noise: a step that loses 5 % of its core
+# is about 5 % longer, half of a 10 % target.
+STEAL_LIMIT = 0.05
+PROC_STAT = Path("/proc/stat")
 
 
 class Repeated(Protocol):
@@ -67,6 +73,43 @@ def load_per_core() -> float | None:
     except (AttributeError, OSError):
         return None
     return one_minute / (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class CoreTicks:
+    """One CPU's time so far, in clock ticks (``/proc/stat``): all of it, its idle part (idle and I/O
+    wait) and what the hypervisor stole."""
+
+    total: int
+    idle: int
+    steal: int
+
+
+def core_ticks(core: int, stat: Path = PROC_STAT) -> CoreTicks | None:
+    """CPU ``core``'s ticks so far, from ``stat`` (Linux's ``/proc/stat``: user, nice, system, idle, iowait,
+    irq, softirq, steal, ... after the ``cpuN`` name); None where there is no such file or core (macOS,
+    Windows, a container without it)."""
+    try:
+        lines = stat.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, *fields = line.split()
+        if name == f"cpu{core}" and len(fields) >= 8:
+            ticks = [int(v) for v in fields[:8]]  # guest time (fields 9-10) is already inside user and nice
+            return CoreTicks(total=sum(ticks), idle=ticks[3] + ticks[4], steal=ticks[7])
+    return None
+
+
+def steal_share(before: CoreTicks | None, after: CoreTicks | None) -> float | None:
+    """The share of the core's busy time between two readings that the hypervisor stole (0.1: the core had
+    work for 10 s and ran it for 9); None when either reading is missing or the core was idle throughout."""
+    if before is None or after is None:
+        return None
+    busy = (after.total - before.total) - (after.idle - before.idle)
+    if busy <= 0:
+        return None
+    return (after.steal - before.steal) / busy
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,9 @@ BUSY_LOAD_PER_CORE = 1.0
 # ran something else) before a measurement on that core is the host's noise: a step that loses 5 % of its core
 # is about 5 % longer, half of a 10 % target.
 STEAL_LIMIT = 0.05
+# Busy time below which a steal share is not told: the kernel counts in ticks (10 ms on Linux), so over a
+# tenth of a second one stolen tick is 10 %.
+STEAL_LEAST_BUSY_SECONDS = 0.5
 PROC_STAT = Path("/proc/stat")
 
 
@@ -103,13 +106,21 @@ def core_ticks(core: int, stat: Path = PROC_STAT) -> CoreTicks | None:
 
 def steal_share(before: CoreTicks | None, after: CoreTicks | None) -> float | None:
     """The share of the core's busy time between two readings that the hypervisor stole (0.1: the core had
-    work for 10 s and ran it for 9); None when either reading is missing or the core was idle throughout."""
+    work for 10 s and ran it for 9); None when either reading is missing or the core was busy for less than
+    :data:`STEAL_LEAST_BUSY_SECONDS` (too few ticks to tell a share)."""
     if before is None or after is None:
         return None
     busy = (after.total - before.total) - (after.idle - before.idle)
-    if busy <= 0:
+    if busy <= 0 or busy < STEAL_LEAST_BUSY_SECONDS * _ticks_per_second():
         return None
     return (after.steal - before.steal) / busy
+
+
+def _ticks_per_second() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (AttributeError, OSError, ValueError):  # /proc/stat's unit everywhere Linux runs
+        return 100
 
 
 @dataclass(frozen=True)

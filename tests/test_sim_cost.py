@@ -456,6 +456,9 @@ def test_steal_time_is_read_per_core_from_proc_stat(tmp_path):
     assert noise.steal_share(before, noise.core_ticks(0, stat)) == pytest.approx(0.10)
     assert noise.core_ticks(7, stat) is None and noise.core_ticks(0, tmp_path / "missing") is None
     assert noise.steal_share(before, None) is None and noise.steal_share(before, before) is None  # idle: no share
+    # over a tenth of a second one stolen tick would be 10 %: too short to tell
+    stat.write_text("cpu0 105 0 10 300 5 0 2 51 0 0\n")
+    assert noise.steal_share(before, noise.core_ticks(0, stat)) is None
 
 
 def test_a_calibration_microbenchmark_that_lost_its_core_is_measured_again(monkeypatch, tmp_path, capsys):

@@ -443,7 +443,7 @@ def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConf
     print(f"front end per request: {front_end * 1e3:.2f} ms ({source}; the fitted e: {fitted * 1e3:.2f} ms)")
     share = cost.before_engine / fitted if fitted else 0.0  # as much of it before the engine as fitted
     knowing = dataclasses.replace(line, e=front_end * (1 - share), before_engine=front_end * share,
-                                  latency=cost.latency, spread=cost.spread,
+                                  latency=cost.latency, idle_wake=cost.idle_wake, spread=cost.spread,
                                   prefill_spread=cost.prefill_spread)  # fmt: skip
     replay = from_traces(measured, name="the measured run")
     model = metrics.summarize(knowing.delivered(simulate(replay, config, knowing).traces))
@@ -597,7 +597,8 @@ def measure(
         print("calibration before the run (microbenchmarks against the server):", flush=True)
         counted = args.engine == "course"  # the course's server counts its steps (/health)
         rounds = [calibrate(args.port, work / "before", counted)]
-        cost = fitted_cost(args, front_end, merge_rounds(rounds), counted_passes([work / "before"]))
+        first = [work / "before"]
+        cost = fitted_cost(args, front_end, merge_rounds(rounds), {**counted_passes(first), **wake_facts(first)})
         capacity = saturation_rate(config, cost, args.prompt_tokens, args.output_tokens, 4 * args.max_batch_size)
         rate = args.rate or args.load * capacity
         print(f"simulated capacity {capacity:.2f} req/s ({args.prompt_tokens} + {args.output_tokens} tokens, all "
@@ -653,7 +654,7 @@ def measure(
     finally:
         stop(server)
         server_log.close()
-    facts.update(counted_passes(round_folders(work, args.rounds)))
+    facts.update(counted_passes(round_folders(work, args.rounds)), **wake_facts(round_folders(work, args.rounds)))
     return rounds, measured, facts
 
 
@@ -693,13 +694,19 @@ def replayed(work: Path, rounds: int) -> tuple[list[list[StepSample]], list, dic
     for folder in folders:
         print(f"calibration {folder.name}:")
         calibration.append(read_calibration(folder))
-    facts = {**json.loads((work / "facts.json").read_text()), **counted_passes(folders)}
+    facts = {**json.loads((work / "facts.json").read_text()), **counted_passes(folders), **wake_facts(folders)}
     if "run_steps" in facts:
         # folders kept before the server counted its prefills (2026-12-03 morning) name decode batches alone
         facts["run_steps"] = {
             (key if " " in key else f"decode {key}"): tally for key, tally in facts["run_steps"].items()
         }
     return calibration, load_traces(work / "run.json"), facts
+
+
+def wake_facts(folders: list[Path]) -> dict:
+    """``{"idle_wake": s}`` from the rounds' prefill microbenchmarks (:func:`idle_wake`), or {} without them."""
+    wake = idle_wake(folders)
+    return {} if wake is None else {"idle_wake": wake}
 
 
 def round_folders(work: Path, rounds: int) -> list[Path]:
@@ -720,6 +727,24 @@ def counted_passes(folders: list[Path]) -> dict:
     return {"calibration_passes": passes, **({} if share is None else {"before_engine_share": share})}
 
 
+def idle_wake(folders: list[Path]) -> float | None:
+    """What a request that finds the server idle waits more than one sent right after another (s): over every
+    prefill microbenchmark of ``folders``, the median of its first request's TTFT (sent after a pause of
+    seconds: the client process starting) minus the median of the others' (sent back to back). Clamped at 0;
+    None without prefill traces. On 2026-12-04's 45 folders: 1.6 ms (benchmarks/RESULTS.md)."""
+    extra = []
+    for folder in folders:
+        for prompt in PREFILL_LENGTHS:
+            if not prefill_file(folder, prompt).exists():
+                continue
+            traces = sorted((t for t in load_traces(prefill_file(folder, prompt)) if t.succeeded and t.chunk_times),
+                            key=lambda t: t.send_time)  # fmt: skip
+            if len(traces) >= 3:
+                ttfts = [t.chunk_times[0] - t.send_time for t in traces]
+                extra.append(ttfts[0] - statistics.median(ttfts[1:]))
+    return max(statistics.median(extra), 0.0) if extra else None
+
+
 def pass_means(passes: list[dict[str, list]]) -> dict[int, float]:
     """The mean prefill pass the server counted at each prompt size (s), over the rounds that counted one."""
     sizes = {int(size) for counted in passes for size, entry in counted.items() if entry[0]}
@@ -738,11 +763,13 @@ def fitted_cost(args: argparse.Namespace, front_end: str, samples: list[StepSamp
     share = args.before_engine_share
     if share is None:
         share = facts.get("before_engine_share", 0.0) if front_end == "step" else 0.0
+    wake = facts.get("idle_wake") or 0.0  # a request that finds the server idle waits for it to wake up
     if front_end == "step" and facts.get("calibration_passes"):
         split = front_end_with_passes(samples, pass_means(facts["calibration_passes"]), share, args.seed)
         if split is not None:
-            return split
-    return LinearCost.fit(samples, front_end=front_end, seed=args.seed, before_engine_share=share)
+            return dataclasses.replace(split, idle_wake=wake)
+    fitted = LinearCost.fit(samples, front_end=front_end, seed=args.seed, before_engine_share=share)
+    return dataclasses.replace(fitted, idle_wake=wake)
 
 
 def front_end_with_passes(samples: list[StepSample], passes: dict[int, float], share: float,

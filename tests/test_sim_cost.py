@@ -212,6 +212,48 @@ def test_a_request_reaches_the_scheduler_after_the_front_ends_work_which_shares_
     assert plain[0].chunk_times[0] == pytest.approx(0.010) and plain[1].chunk_times[0] == pytest.approx(0.020)
 
 
+def test_a_request_that_finds_the_server_idle_waits_for_it_to_wake():
+    # Steps of 10 ms, 4 ms of front-end work, 2 ms to wake an idle server. The first request finds it idle:
+    # 2 + 4 ms before its prefill. The second arrives during that step: no wake-up, the shared-core rule only.
+    cost = LinearCost(a=0.010, b=0, c=0, d=0, before_engine=0.004, idle_wake=0.002)
+    config = SimConfig(max_num_seqs=4, num_blocks=100)
+    work = Workload([RequestSpec("idle", 0.0, 8, 4), RequestSpec("busy", 0.009, 8, 4)])
+    first, second = simulate(work, config, cost).traces
+    assert first.chunk_times[0] == pytest.approx(0.016 + 0.004)  # its step also lost the second's 4 ms of work
+    assert second.chunk_times[0] == pytest.approx(0.030)  # work done at 9 + 8 = 17 ms: the step after
+    # One second later the server idles again: the third request wakes it too.
+    later = Workload([*work, RequestSpec("again", 1.0, 8, 2)])
+    assert simulate(later, config, cost).traces[2].chunk_times[0] == pytest.approx(1.016)
+    # a wake-up alone (no front-end work) passes requests through the front door too, in both engines
+    wake_only = LinearCost(a=0.010, b=0, c=0, d=0, idle_wake=0.002)
+    from helpers import reference
+
+    for config in (SimConfig(max_num_seqs=4, num_blocks=100), server_sim_config(4, 512)):
+        fast = simulate(later, config, wake_only).traces
+        assert fast[0].chunk_times[0] == pytest.approx(0.012) and fast[2].chunk_times[0] == pytest.approx(1.012)
+        assert [t.chunk_times for t in fast] == [t.chunk_times for t in reference(later, config, wake_only)[0]]
+    assert "2 ms to wake an idle server" in cost.describe()
+    with pytest.raises(ValueError, match="idle_wake must be >= 0"):
+        LinearCost(1e-3, 0, 0, 0, idle_wake=-1e-3)
+
+
+def test_the_fidelity_benchmark_measures_the_wake_up_from_the_first_request_after_a_pause(tmp_path):
+    # Each prefill microbenchmark: its first request (after the client process started) 2 ms slower than the rest.
+    from course.trace import save_traces
+
+    for round_folder in ("before", "after1"):
+        folder = tmp_path / round_folder
+        folder.mkdir()
+        for prompt in sim_fidelity.PREFILL_LENGTHS:
+            ttfts = [0.012 + 0.002] + [0.012 + 0.0001 * (i % 3) for i in range(7)]
+            traces = [trace(str(i), float(i), [i + t, i + t + 0.002]) for i, t in enumerate(ttfts)]
+            save_traces(sim_fidelity.prefill_file(folder, prompt), traces)
+    folders = [tmp_path / "before", tmp_path / "after1"]
+    assert sim_fidelity.idle_wake(folders) == pytest.approx(0.002 - 0.0001)
+    assert sim_fidelity.wake_facts(folders) == {"idle_wake": pytest.approx(0.0019)}
+    assert sim_fidelity.wake_facts([tmp_path / "missing"]) == {}  # a folder without prefill traces
+
+
 def test_fit_without_decode_samples_leaves_the_front_end_out():
     prefills = [StepSample(n, 0, 0, 0.008 + 4e-5 * n) for n in PROMPTS]
     fit = LinearCost.fit(prefills)

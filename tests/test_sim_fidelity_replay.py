@@ -157,7 +157,10 @@ def test_with_the_counted_passes_the_steps_and_the_front_end_are_fitted_apart(tm
         facts["calibration_passes"][2]["128"],
     )
     assert sim_fidelity.fitted_cost(args, "step", samples, facts) == sim_fidelity.fitted_cost(
-        args, "step", samples, {"before_engine_share": facts["before_engine_share"]}
+        args,
+        "step",
+        samples,
+        {"before_engine_share": facts["before_engine_share"], "idle_wake": facts.get("idle_wake")},
     )
 
 

@@ -341,6 +341,11 @@ class LinearCost:
             process: tokenizing, the hand-off to the engine core, the output path). It delays every
             token of a request alike, so it moves TTFT and E2E, not the gaps; the simulator does not
             see it: :meth:`delivered` adds it to simulated traces.
+        idle_wake: seconds more that a request waits when it finds the whole server idle (no step running,
+            no request at the front door): the machine waking up (a virtual CPU the hypervisor had
+            descheduled, caches other programs took over). Measured as the first request of a
+            microbenchmark after a pause against the ones that follow it
+            (:class:`course.sim.rules.FrontDoor`).
         spread: quantiles of a decode step's relative deviation from its expected time (0.5 = 50 %
             longer), at the evenly spaced probabilities 0, ..., 1 (:data:`SPREAD_PROBABILITIES` when
             fitted); () = none. Relative, because a step shares its core with other work for its
@@ -358,12 +363,13 @@ class LinearCost:
     g: float = 0.0
     before_engine: float = 0.0
     latency: float = 0.0
+    idle_wake: float = 0.0
     spread: tuple[float, ...] = ()
     prefill_spread: tuple[float, ...] = ()
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("e", "f", "g", "before_engine", "latency"):
+        for name in ("e", "f", "g", "before_engine", "latency", "idle_wake"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"LinearCost.{name} must be >= 0 seconds, got {value!r}")
@@ -448,6 +454,8 @@ class LinearCost:
             text += f"; {self.before_engine * 1e3:.3g} ms of front-end work before the engine sees a request"
         if self.latency:
             text += f"; {self.latency * 1e3:.3g} ms front-end latency per request"
+        if self.idle_wake:
+            text += f"; {self.idle_wake * 1e3:.3g} ms to wake an idle server"
         for name, quantiles in (("decode", self.spread), ("prefill", self.prefill_spread)):
             if quantiles:
                 low, high = np.interp([0.05, 0.95], np.linspace(0, 1, len(quantiles)), quantiles)

@@ -193,11 +193,11 @@ def run(
     running: list[SimRequest] = []
     now, arrived = 0.0, 0
     finishing: list[SimRequest] = []  # async scheduling: finished in the last step, not yet freed
-    front = rules.FrontDoor(getattr(cost, "before_engine", 0.0))
+    front = rules.FrontDoor(getattr(cost, "before_engine", 0.0), getattr(cost, "idle_wake", 0.0))
     draw = spread_draw(cost)  # the step-time spread, drawn by the step's index (None: none)
     step_start = None  # when the step that just ended started (None after idling): who arrived during it
     for _ in range(max_steps):
-        if front.seconds and step_start is not None:  # the front end's work on arrivals took part of the core
+        if front.active and step_start is not None:  # the front end's work on arrivals took part of the core
             upcoming = (r.arrival_time for r in itertools.islice(requests, arrived, None))
             stretched = front.stretch(step_start, now, upcoming)
             if stretched != now:
@@ -260,7 +260,7 @@ def _arrive(
     while arrived < len(requests) and requests[arrived].arrival_time <= now:
         arrivals.append(requests[arrived])
         arrived += 1
-    if front is not None and front.seconds:
+    if front is not None and front.active:
         for request in arrivals:
             front.arrive(request, request.arrival_time, step_start is not None and request.arrival_time > step_start)
         arrivals = front.release(now)

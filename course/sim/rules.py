@@ -130,18 +130,28 @@ class FrontDoor:
     ``seconds``: the front end's work per request (``LinearCost.before_engine``). A request that
     arrives while a step runs shares the core with it, so its work takes ``SHARED_CORE_SLOWDOWN``
     times longer and the step loses the work's length (:meth:`stretch`); one that arrives while the
-    engine idles has the core to itself.
+    engine idles has the core to itself. ``wake``: what a request that finds the whole server idle
+    (no step running, nothing at the front door) waits more for the machine to wake up
+    (``LinearCost.idle_wake``).
     """
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, wake: float = 0.0) -> None:
         self.seconds = seconds
+        self.wake = wake
         self._heap: list[tuple[float, int, object]] = []
         self._arrivals = 0  # tie-break: among requests ready at once, the earlier arrival goes first
         self._taken = 0.0  # seconds of the core the front end takes from the next step
 
+    @property
+    def active(self) -> bool:
+        """Whether requests pass through the front door at all (it has work or a wake-up to model)."""
+        return bool(self.seconds or self.wake)
+
     def arrive(self, request, arrival_time: float, busy: bool) -> None:
         """Take ``request``, which arrived at ``arrival_time`` (s) while a step ran (``busy``) or not."""
         work = self.seconds * (SHARED_CORE_SLOWDOWN if busy else 1.0)
+        if not busy and not self._heap:  # nothing running anywhere: the machine wakes up first
+            work += self.wake
         heapq.heappush(self._heap, (arrival_time + work, self._arrivals, request))
         self._arrivals += 1
 

@@ -245,7 +245,7 @@ class _IterativeRun:
         self.admissions = 0
         self.step_seconds = cost.step_seconds
         self.draw = spread_draw(cost)  # the step-time spread, drawn by the step's index (None: none)
-        self.front = rules.FrontDoor(getattr(cost, "before_engine", 0.0))
+        self.front = rules.FrontDoor(getattr(cost, "before_engine", 0.0), getattr(cost, "idle_wake", 0.0))
         self.log = StepLogBuilder()
         self.waiting: deque[_FastRequest] = deque()
         self.running: list[_FastRequest] = []
@@ -266,7 +266,7 @@ class _IterativeRun:
         last_step_prefilled = False
         step_start = None  # when the step that just ended started (None after idling): who arrived during it
         while True:
-            if front.seconds:  # the front end reads and tokenizes them first (rules.FrontDoor)
+            if front.active:  # the front end reads and tokenizes them first (rules.FrontDoor)
                 if step_start is not None:  # its work on the step's arrivals took part of the core
                     arrivals = (r.spec.arrival_time for r in itertools.islice(requests, next_arrival, None))
                     stretched = front.stretch(step_start, now, arrivals)
@@ -349,7 +349,7 @@ class _IterativeRun:
         end = now + rules.step_time(
             self.step_seconds(prefill, decode, kv_read, pairs), self.draw, self.step, prefill > 0
         )
-        if self.front.seconds:
+        if self.front.active:
             end += self.front.taken()  # what the front end took from the engine's core (rules.FrontDoor)
         self.log.add(now, end, prefill, decode, kv_read, pairs, seqs, self.blocks.num_used_blocks, queued)
         self.step += 1

@@ -30,6 +30,8 @@
    microbenchmarks' median TTFTs minus those passes: one fit of the TTFTs cannot tell the two apart.
    A microbenchmark during which the hypervisor stole more than 5 % of the server core's busy time
    (``/proc/stat``'s steal ticks, ``course.noise.steal_share``) is measured again, twice at most.
+   Each prefill microbenchmark's first request, sent after a pause, against the ones sent back to back
+   gives ``idle_wake``: what a request that finds the server idle waits more for it to wake up.
 3. **The run to predict**: Poisson arrivals measured with ``course bench --request-rate ... --output``,
    in parts between the calibration rounds (two parts with three rounds: round, part, round, part,
    round), so that the calibration and the run see the same stretch of a machine whose speed drifts;

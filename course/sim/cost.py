@@ -413,7 +413,7 @@ class LinearCost:
 
     def deviation(self, step: int, prefills: bool) -> float:
         """Simulated step ``step``'s drawn relative deviation: the quantile function of its spread (the
-        prefill steps' when it ``prefills``) at a probability hashed from the seed and the step's index.
+        prefill steps' when it ``prefills``) at a probability hashed from ``self.seed`` and the step's index.
 
         Each step draws independently of the others, whatever its load; the same step of the same
         seed draws the same deviation (the draw has no state).

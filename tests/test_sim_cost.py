@@ -332,7 +332,7 @@ def test_the_spread_is_drawn_per_step_without_state_and_reproduces_its_quantiles
 def test_steps_of_the_same_load_draw_apart():
     """The draw is keyed by the step's index, not its load: lone requests of one prompt size each get their
     own prefill deviation. Keyed by the load (before 2026-12-04), every one of them drew the same one, so
-    the seed alone moved a replayed run's TTFT p50 by up to 30 points (benchmarks/RESULTS.md)."""
+    the seed alone moved a replayed run's TTFT p50 by up to 43 points (benchmarks/RESULTS.md)."""
     spread = tuple(np.linspace(-0.2, 0.2, 41))
     cost = LinearCost(2e-3, 4e-5, 3e-4, 0.0, spread=spread, prefill_spread=spread, seed=0)
     lone = Workload([RequestSpec(str(i), float(i), 128, 4) for i in range(40)], "one at a time")

@@ -251,9 +251,10 @@ def merge_rounds(rounds: list[list[StepSample]]) -> list[StepSample]:
     return merged
 
 
-def repeat_verdict(missed: list[str], own: list[str]) -> str:
+def repeat_verdict(missed: list[str], own: list[str], stolen: list[float | None] = ()) -> str:
     """What the run sent again says about the simulator's misses: ``missed`` are the targets the simulator
-    missed, ``own`` those the server's second run missed against its first ("ttft p50", ...)."""
+    missed, ``own`` those the server's second run missed against its first ("ttft p50", ...); ``stolen``: the
+    share of the server core's busy time the hypervisor took during each part of either run (None: unknown)."""
     if not own:
         return "the server against itself: its second run met every target against its first"
     both = [name for name in missed if name in own]
@@ -263,6 +264,9 @@ def repeat_verdict(missed: list[str], own: list[str]) -> str:
             f"; the simulator missed {', '.join(both)} too, where the target is finer than this server's own "
             "difference between two runs of the same requests"
         )
+    most = max((share for share in stolen if share is not None), default=0.0)
+    if most > noise.STEAL_LIMIT:
+        said += f" (the hypervisor took up to {most:.1%} of the server's core during a part of one of the two runs)"
     return said
 
 
@@ -733,7 +737,7 @@ def idle_wake(folders: list[Path]) -> float | None:
     """What a request that finds the server idle waits more than one sent right after another (s): over every
     prefill microbenchmark of ``folders``, the median of its first request's TTFT (sent after a pause of
     seconds: the client process starting) minus the median of the others' (sent back to back). Clamped at 0;
-    None without prefill traces. On 2026-12-04's 45 folders: 1.6 ms (benchmarks/RESULTS.md)."""
+    None without prefill traces. 0.6-4.0 ms on the fifteen runs kept on 2026-12-04 (benchmarks/RESULTS.md)."""
     extra = []
     for folder in folders:
         for prompt in PREFILL_LENGTHS:
@@ -860,7 +864,7 @@ def report(
     print(f"{load_average()} at the end")
     print("all targets met" if ok else f"missed: {', '.join(missed)}")
     if repeat is not None:
-        print(repeat_verdict(missed, own))
+        print(repeat_verdict(missed, own, [*facts.get("run_steal", []), *facts.get("repeat_steal", [])]))
     print(noise_verdict(rounds, facts["run_load"], facts.get("run_steal", [])))
     return 0
 

@@ -212,6 +212,10 @@ def test_the_verdict_on_the_run_sent_again_names_the_targets_finer_than_the_serv
     assert "the simulator missed ttft p50 too, where the target is finer than this server's own difference" in said
     assert "itl p95 too" not in said
     assert "the simulator missed" not in sim_fidelity.repeat_verdict([], ["ttft p95"])
+    # a second run that lost part of the server's core to the hypervisor says so; a small share does not
+    stolen = sim_fidelity.repeat_verdict([], ["ttft p95"], [0.01, None, 0.165])
+    assert "the hypervisor took up to 16.5% of the server's core" in stolen
+    assert "hypervisor" not in sim_fidelity.repeat_verdict([], ["ttft p95"], [0.01, 0.02])
 
 
 def test_each_part_is_sent_again_with_its_own_seed():

@@ -23,18 +23,20 @@
    ``/metrics``, from its engine's arrival stamp) and its prefill passes (``/health``): the share of
    a request's time outside the pass that comes before the engine sees it becomes
    ``before_engine``, which under load the request waits for, twice as long while a step runs
-   (``course.sim.rules.FrontDoor``). The microbenchmarks run in rounds (three for the course's
+   (``course.sim.rules.FrontDoor``). The microbenchmarks run in rounds (six for the course's
    server, two for vLLM), one before the run, the others between its parts and after it; the fit
-   uses each one's mean over the rounds. For the course's server the line is fitted to the decode
-   samples and the prefill passes the server counted, and the front end is the prefill
+   uses each one's mean over the rounds: each microbenchmark lasts a second or less and catches one
+   stretch of a machine whose speed can move by 40 % for seconds at a time (``COURSE_ROUNDS``). For
+   the course's server the line is fitted to the decode samples and the prefill passes the server
+   counted, and the front end is the prefill
    microbenchmarks' median TTFTs minus those passes: one fit of the TTFTs cannot tell the two apart.
    A microbenchmark during which the hypervisor stole more than 5 % of the server core's busy time
    (``/proc/stat``'s steal ticks, ``course.noise.steal_share``) is measured again, twice at most.
    Each prefill microbenchmark's first request, sent after a pause, against the ones sent back to back
    gives ``idle_wake``: what a request that finds the server idle waits more for it to wake up.
 3. **The run to predict**: Poisson arrivals measured with ``course bench --request-rate ... --output``,
-   in parts between the calibration rounds (two parts with three rounds: round, part, round, part,
-   round), so that the calibration and the run see the same stretch of a machine whose speed drifts;
+   in parts between the calibration rounds (five parts with six rounds: round, part, round, ...,
+   part, round), so that the calibration and the run see the same stretch of a machine whose speed drifts;
    by default at 5 req/s on the course's server and at 70 % of vLLM's capacity (``--load``: the
    fraction of the requests per second the calibrated simulator completes when they all arrive at
    once, printed).
@@ -105,6 +107,12 @@ PREFILL_LENGTHS = (16, 64, 128, 256, 512)
 DECODE_CONTEXTS = (32, 256)
 DECODE_BATCHES = (1, 2, 4, 16)  # 2: where a Poisson run at 5 req/s decodes (mean batch 2-2.5)
 DECODE_OUTPUT = 64
+# Calibration rounds for the course's server. On this VM the machine's speed moved by up to 40 %, every prompt
+# size together, for seconds at a time (benchmarks/speed_drift.py, 2026-12-04), and a microbenchmark lasts a second
+# or less: each round's figure is one draw of the stretch it caught. Refitting eight six-round runs with every
+# subset of their rounds, all four targets held with 25 of 48 single rounds, 114 of 160 triples and 7 of 8 sextets
+# (benchmarks/RESULTS.md).
+COURSE_ROUNDS = 6
 RUN_STEPS_LEAST = 20  # decode steps of one batch size in the run before its mean is compared with the line
 RUN_PREFILLS_LEAST = 5  # and prefill passes of one prompt size
 # A calibration microbenchmark during which the hypervisor stole more than noise.STEAL_LIMIT of the server's core is
@@ -495,7 +503,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the server's --max-batch-size (vLLM: --max-num-seqs)")  # fmt: skip
     parser.add_argument("--max-prefill-tokens", type=int, default=512,
                         help="the server's --max-prefill-tokens (vLLM: --max-num-batched-tokens)")  # fmt: skip
-    parser.add_argument("--rounds", type=int, help="calibration rounds, one before the run (course 3, vllm 2)")
+    parser.add_argument("--rounds", type=int,
+                        help=f"calibration rounds, one before the run (course {COURSE_ROUNDS}, vllm 2; "
+                             "--replay: as many as the folder holds)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulated step-time spread")
     parser.add_argument("--before-engine-share", type=float,
                         help="the share of the course server's front-end time before its engine sees a request "
@@ -516,9 +526,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--rate must be positive (req/s), got {args.rate}")
     if args.load is not None and not 0 < args.load < 1:
         parser.error(f"--load is a fraction of capacity in (0, 1), got {args.load}")
-    args.rounds = args.rounds or (3 if args.engine == "course" else 2)
-    if args.rounds < 1:
+    if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    if not args.replay:  # a replay takes the rounds its folder holds (kept_rounds) unless told
+        args.rounds = args.rounds or (COURSE_ROUNDS if args.engine == "course" else 2)
     for name in ("requests", "prompt_tokens", "output_tokens", "max_batch_size", "max_prefill_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -554,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     config = sim_config(args)
     front_end = "step" if args.engine == "course" else "latency"
     if args.replay:
+        args.rounds = args.rounds or kept_rounds(Path(args.replay))
         return report(args, config, front_end, *replayed(Path(args.replay), args.rounds))
     work = Path(args.keep or tempfile.mkdtemp(prefix="sim-fidelity-"))
     if args.engine == "vllm":
@@ -713,6 +725,15 @@ def wake_facts(folders: list[Path]) -> dict:
     """``{"idle_wake": s}`` from the rounds' prefill microbenchmarks (:func:`idle_wake`), or {} without them."""
     wake = idle_wake(folders)
     return {} if wake is None else {"idle_wake": wake}
+
+
+def kept_rounds(work: Path) -> int:
+    """How many calibration rounds a ``--keep`` folder holds: ``before`` and ``after1``, ``after2``, ... in a
+    row (at least 1, so that a folder without them is reported as missing ``before``)."""
+    rounds = 1
+    while (work / f"after{rounds}").is_dir():
+        rounds += 1
+    return rounds
 
 
 def round_folders(work: Path, rounds: int) -> list[Path]:

@@ -35,11 +35,12 @@ def keep_a_round(folder: Path) -> None:
             save_traces(sim_fidelity.decode_file(folder, context, batch), traces)
 
 
-def keep_a_run(folder: Path, run_steps: dict | None = None, passes: bool = False, server_ttft: float = 0.0) -> None:
-    """What ``--keep`` leaves: three calibration rounds (with the prefill passes the server counted in
+def keep_a_run(folder: Path, run_steps: dict | None = None, passes: bool = False, server_ttft: float = 0.0,
+               rounds: int = 3) -> None:  # fmt: skip
+    """What ``--keep`` leaves: ``rounds`` calibration rounds (with the prefill passes the server counted in
     them when ``passes``, and with ``server_ttft`` > 0 the TTFTs it measured: the pass plus that many
     seconds), a run of 30 requests, its facts (with the server's step counters over it)."""
-    for name in ("before", "after1", "after2"):
+    for name in ("before", *(f"after{index}" for index in range(1, rounds))):
         keep_a_round(folder / name)
         if passes:
             counted = {str(p): [8, 8 * PREFILL_PER_TOKEN * p] for p in sim_fidelity.PREFILL_LENGTHS}
@@ -64,9 +65,27 @@ def test_replay_fits_and_simulates_a_kept_run_without_a_server(tmp_path, capsys)
 
 
 def test_replay_of_a_folder_that_was_not_kept_says_what_is_missing(tmp_path):
-    (tmp_path / "before").mkdir()
-    with pytest.raises(SystemExit, match="not a folder kept by --keep with 3 rounds; missing .*after1.*run.json"):
+    with pytest.raises(SystemExit, match="not a folder kept by --keep with 1 rounds; missing .*before.*run.json"):
         sim_fidelity.main(["--replay", str(tmp_path)])
+    (tmp_path / "before").mkdir()  # told how many rounds, it names the ones the folder lacks
+    with pytest.raises(SystemExit, match="not a folder kept by --keep with 3 rounds; missing .*after1.*run.json"):
+        sim_fidelity.main(["--replay", str(tmp_path), "--rounds", "3"])
+
+
+def test_the_course_server_is_calibrated_in_six_rounds_and_a_replay_reads_what_its_folder_holds(tmp_path, capsys):
+    # One round catches one stretch of a machine whose speed can move by 40 % for seconds at a time.
+    assert sim_fidelity.parse_args([]).rounds == sim_fidelity.COURSE_ROUNDS == 6
+    assert sim_fidelity.parse_args(["--engine", "vllm"]).rounds == 2
+    assert sim_fidelity.parse_args(["--rounds", "4"]).rounds == 4
+    keep_a_run(tmp_path, rounds=6)
+    assert sim_fidelity.kept_rounds(tmp_path) == 6
+    assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "calibration after5:" in out and "TTFT p50" in out
+    assert sim_fidelity.main(["--replay", str(tmp_path), "--rounds", "3"]) == 0  # the first three, when told
+    out = capsys.readouterr().out
+    assert "calibration after2:" in out and "calibration after3:" not in out
+    assert sim_fidelity.kept_rounds(tmp_path / "nothing here") == 1
 
 
 def test_the_run_goes_in_parts_between_the_calibration_rounds():

@@ -9,11 +9,13 @@ the server's, less what the client takes of core 1), with one math thread either
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -69,6 +71,41 @@ def idle_policy(sysfs: Path = Path("/sys")) -> str:
         else:
             words += f", guest_halt_poll_ns {poll_ns} (an idle vCPU polls that long before it halts)"
     return words
+
+
+# The client half of send_workload, run on the client core in its own process (the load generator must not share
+# the server's core or the benchmark's interpreter): a workload of [id, arrival s, prompt, output] rows.
+_CLIENT = """
+import json, sys
+from course.serving.client import run_load
+from course.workload import RequestSpec
+
+url, workload, out, concurrency = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+specs = [RequestSpec(*row) for row in json.loads(open(workload).read())]
+run_load(url, specs, concurrency=concurrency or None, progress=False, seed=101).save(out)
+"""
+
+
+def send_workload(port: int, rows: list[tuple[str, float, int, int]], out: Path, concurrency: int = 0) -> list:
+    """Send ``rows`` (request id, arrival s from the start, prompt tokens, output tokens) to the server on
+    ``port`` from the client core, each at its arrival time (at most ``concurrency`` in flight; 0: no cap),
+    write their traces to ``out`` and return them. RuntimeError naming the client's error, or the first
+    failed request's, when the client or a request failed."""
+    from course.trace import load_traces
+
+    out = Path(out)
+    workload = out.with_suffix(".workload.json")
+    workload.write_text(json.dumps([list(row) for row in rows]))
+    command = [sys.executable, "-c", _CLIENT, f"http://127.0.0.1:{port}", str(workload), str(out), str(concurrency)]
+    result = subprocess.run(pinned(CLIENT_CORE, command), env=single_thread_env(), capture_output=True, text=True)
+    workload.unlink()
+    if result.returncode != 0:
+        raise RuntimeError(f"the load client failed: {result.stderr.strip()[-1500:]}")
+    traces = load_traces(out)
+    failed = [t for t in traces if not t.succeeded or not t.chunk_times]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(traces)} requests failed: {failed[0].error}")
+    return traces
 
 
 def free_port() -> int:

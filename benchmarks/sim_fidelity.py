@@ -81,7 +81,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from _processes import CLIENT_CORE, SERVER_CORE, pinned, single_thread_env, start_server, stop
+from _processes import CLIENT_CORE, SERVER_CORE, pinned, send_workload, single_thread_env, start_server, stop
 
 from course import metrics, noise
 from course.capacity import before_engine_share as capacity_share
@@ -123,6 +123,18 @@ STEAL_RETRIES = 2
 # last two from its /metrics (vllm:time_to_first_token_seconds: from the engine's arrival stamp to the
 # event loop's handling of the first token); folders kept before 2026-12-03 evening have the first two.
 PREFILL_PASSES = "prefill_passes.json"
+# Lone prefills that arrive while one request decodes (the course's server only: its front end shares the engine's
+# core): how many times longer the front end's work takes beside a step (LinearCost.front_end_slowdown), fitted so
+# that the simulator gives these prefills the TTFT they measured over the round's lone ones. In eight kept runs
+# requests that found one request decoding waited 1-5 of its steps before their prefill, against 1-2 simulated
+# with an even share of the core (2026-12-04, benchmarks/RESULTS.md).
+BESIDE_FILE = "prefill_beside_stream.json"
+BESIDE_STREAM_ID = "stream"
+BESIDE_STREAM = (32, 400)  # the decoding request's prompt and output tokens: about a second of decode steps
+BESIDE_PROMPT, BESIDE_PREFILLS = 128, 8  # the lone prefills beside it, 2 output tokens each
+BESIDE_FIRST_S, BESIDE_GAP_S = 0.05, 0.07  # their arrivals after the stream's (s): never two at once
+SLOWDOWNS = tuple(1.0 + 0.25 * i for i in range(21))  # the grid it is fitted on: 1 to 6
+BESIDE_BLOCKS = 4096  # KV blocks the fit simulates it with (65,536 tokens of 16-token blocks)
 
 
 def course_server_command(port: int, max_batch_size: int, max_prefill_tokens: int) -> list[str]:
@@ -203,7 +215,20 @@ def calibrate(port: int, work: Path, counters: bool = False) -> list[StepSample]
                                          "--output-tokens", str(DECODE_OUTPUT), "--seed", "202")  # fmt: skip
                 if not stolen_too_much(stolen, f"the decode wave of {batch} x {context}-token prompts"):
                     break
+    if counters:  # the course's server, whose front end shares the engine's core: prefills beside a stream
+        for _ in range(1 + STEAL_RETRIES):
+            before = noise.core_ticks(SERVER_CORE)
+            send_workload(port, beside_rows(), work / BESIDE_FILE)
+            if not stolen_too_much(noise.steal_share(before, noise.core_ticks(SERVER_CORE)),
+                                   "the prefills beside a decoding request"):  # fmt: skip
+                break
     return read_calibration(work)
+
+
+def beside_rows() -> list[tuple[str, float, int, int]]:
+    """The microbenchmark of lone prefills beside a decoding request: ``(id, arrival s, prompt, output)`` rows."""
+    rows = [(BESIDE_STREAM_ID, 0.0, *BESIDE_STREAM)]
+    return rows + [(f"p{i}", BESIDE_FIRST_S + i * BESIDE_GAP_S, BESIDE_PROMPT, 2) for i in range(BESIDE_PREFILLS)]
 
 
 def bench_stolen(port: int, out: Path, *options: str) -> tuple[list, float | None]:
@@ -458,7 +483,8 @@ def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConf
     share = cost.before_engine / fitted if fitted else 0.0  # as much of it before the engine as fitted
     knowing = dataclasses.replace(line, e=front_end * (1 - share), before_engine=front_end * share,
                                   latency=cost.latency, idle_wake=cost.idle_wake, spread=cost.spread,
-                                  prefill_spread=cost.prefill_spread)  # fmt: skip
+                                  prefill_spread=cost.prefill_spread,
+                                  front_end_slowdown=cost.front_end_slowdown)  # fmt: skip
     replay = from_traces(measured, name="the measured run")
     model = metrics.summarize(knowing.delivered(simulate(replay, config, knowing).traces))
     errors = {f"{name.upper()} {q}": getattr(model, name)[q] / getattr(real, name)[q] - 1
@@ -616,7 +642,8 @@ def measure(
         counted = args.engine == "course"  # the course's server counts its steps (/health)
         rounds = [calibrate(args.port, work / "before", counted)]
         first = [work / "before"]
-        cost = fitted_cost(args, front_end, merge_rounds(rounds), {**counted_passes(first), **wake_facts(first)})
+        cost = fitted_cost(args, front_end, merge_rounds(rounds),
+                           {**counted_passes(first), **wake_facts(first), **beside_facts(first)})  # fmt: skip
         capacity = saturation_rate(config, cost, args.prompt_tokens, args.output_tokens, 4 * args.max_batch_size)
         rate = args.rate or args.load * capacity
         print(f"simulated capacity {capacity:.2f} req/s ({args.prompt_tokens} + {args.output_tokens} tokens, all "
@@ -672,7 +699,8 @@ def measure(
     finally:
         stop(server)
         server_log.close()
-    facts.update(counted_passes(round_folders(work, args.rounds)), **wake_facts(round_folders(work, args.rounds)))
+    folders = round_folders(work, args.rounds)
+    facts.update(counted_passes(folders), **wake_facts(folders), **beside_facts(folders))
     return rounds, measured, facts
 
 
@@ -712,13 +740,59 @@ def replayed(work: Path, rounds: int) -> tuple[list[list[StepSample]], list, dic
     for folder in folders:
         print(f"calibration {folder.name}:")
         calibration.append(read_calibration(folder))
-    facts = {**json.loads((work / "facts.json").read_text()), **counted_passes(folders), **wake_facts(folders)}
+    facts = {**json.loads((work / "facts.json").read_text()), **counted_passes(folders), **wake_facts(folders),
+             **beside_facts(folders)}  # fmt: skip
     if "run_steps" in facts:
         # folders kept before the server counted its prefills (2026-12-03 morning) name decode batches alone
         facts["run_steps"] = {
             (key if " " in key else f"decode {key}"): tally for key, tally in facts["run_steps"].items()
         }
     return calibration, load_traces(work / "run.json"), facts
+
+
+def beside_facts(folders: list[Path]) -> dict:
+    """``{"beside_stream": [(prefills beside a stream, lone prefills of the same size), ...]}``: the traces of each
+    round that ran the microbenchmark (:func:`beside_rows`), or {} when none did (vLLM, older folders)."""
+    pairs = []
+    for folder in folders:
+        beside, lone = folder / BESIDE_FILE, prefill_file(folder, BESIDE_PROMPT)
+        if beside.exists() and lone.exists():
+            pairs.append((load_traces(beside), load_traces(lone)))
+    return {"beside_stream": pairs} if pairs else {}
+
+
+def _median_ttft(traces) -> float:
+    return statistics.median(metrics.ttft(t) for t in traces)
+
+
+def beside_extra(beside: list, lone: list, cost: LinearCost, config: SimConfig | None) -> float:
+    """How much longer (s) the median TTFT of the prefills in ``beside`` (the microbenchmark's traces, or the
+    simulator's) is than the median of the ``lone`` prefills; with ``config``, the simulator's under ``cost``."""
+    if config is not None:
+        beside = cost.delivered(simulate(from_traces(beside), config, cost).traces)
+        lone = cost.delivered(simulate(from_traces(lone), config, cost).traces)
+    return _median_ttft([t for t in beside if t.request_id != BESIDE_STREAM_ID]) - _median_ttft(lone)
+
+
+def front_end_slowdowns(pairs: list[tuple[list, list]], cost: LinearCost, config: SimConfig) -> list[float]:
+    """Per round, the ``front_end_slowdown`` (on :data:`SLOWDOWNS`) with which the simulator gives the prefills that
+    arrived while a request decoded the median TTFT they measured over the round's lone prefills of that size.
+
+    Over the lone ones, not alone: a round that caught a slow stretch of the machine slowed both, and the fitted
+    line, from every round, does not know it. ``pairs``: :func:`beside_facts`. [] without ``before_engine``
+    (nothing to slow down) or without the microbenchmark."""
+    if not cost.before_engine:
+        return []
+    # The microbenchmark holds a few hundred tokens: a pool of BESIDE_BLOCKS is plenty, and the run's (ten million
+    # blocks: no KV limit) takes half a second to set up per simulation.
+    config = dataclasses.replace(config, num_blocks=min(config.num_blocks, BESIDE_BLOCKS))
+    fits = []
+    for beside, lone in pairs:
+        measured = beside_extra(beside, lone, cost, None)
+        errors = {slowdown: abs(beside_extra(beside, lone, dataclasses.replace(cost, front_end_slowdown=slowdown),
+                                             config) - measured) for slowdown in SLOWDOWNS}  # fmt: skip
+        fits.append(min(errors, key=errors.get))
+    return fits
 
 
 def wake_facts(folders: list[Path]) -> dict:
@@ -791,12 +865,14 @@ def fitted_cost(args: argparse.Namespace, front_end: str, samples: list[StepSamp
     if share is None:
         share = facts.get("before_engine_share", 0.0) if front_end == "step" else 0.0
     wake = facts.get("idle_wake") or 0.0  # a request that finds the server idle waits for it to wake up
+    split = None
     if front_end == "step" and facts.get("calibration_passes"):
         split = front_end_with_passes(samples, pass_means(facts["calibration_passes"]), share, args.seed)
-        if split is not None:
-            return dataclasses.replace(split, idle_wake=wake)
-    fitted = LinearCost.fit(samples, front_end=front_end, seed=args.seed, before_engine_share=share)
-    return dataclasses.replace(fitted, idle_wake=wake)
+    if split is None:
+        split = LinearCost.fit(samples, front_end=front_end, seed=args.seed, before_engine_share=share)
+    cost = dataclasses.replace(split, idle_wake=wake)
+    slowdowns = front_end_slowdowns(facts.get("beside_stream", []), cost, sim_config(args))
+    return dataclasses.replace(cost, front_end_slowdown=statistics.median(slowdowns)) if slowdowns else cost
 
 
 def front_end_with_passes(samples: list[StepSample], passes: dict[int, float], share: float,
@@ -842,6 +918,11 @@ def report(
                   "the prefill microbenchmarks' TTFTs at the client, at the server and inside the engine")  # fmt: skip
         print(f"  of a lone request's front-end time, {cost.before_engine / (cost.before_engine + cost.e):.0%} comes "
               f"before the engine sees it ({source}): under load the request waits for it")  # fmt: skip
+    slowdowns = front_end_slowdowns(facts.get("beside_stream", []), cost, config)
+    if slowdowns:
+        print(f"  beside a step that work takes {cost.front_end_slowdown:.3g}x as long: the median of the rounds' "
+              f"{', '.join(f'{s:.3g}' for s in slowdowns)} (lone prefills sent while one request decodes, against "
+              "the round's lone prefills)")  # fmt: skip
     print(f"the plain four-term line: {line.describe()}")
 
     replay = from_traces(measured, name="the measured run")

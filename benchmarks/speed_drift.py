@@ -17,9 +17,7 @@ machine. On this VM the speed moved by up to 40 %, every size together, for seco
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,26 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _processes import CLIENT_CORE, SERVER_CORE, pinned, single_thread_env, start_server, stop  # noqa: E402
+from _processes import SERVER_CORE, send_workload, start_server, stop  # noqa: E402
 from sim_fidelity import course_server_command, load_average  # noqa: E402
-
-# The client half, run on core 1 in its own process: the requests in order, one in flight at a time.
-CLIENT = """
-import json, sys
-from course.serving.client import run_load
-from course.workload import RequestSpec
-
-url, count, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-sizes = [int(size) for size in sys.argv[4:]]
-specs = [RequestSpec(str(i), 0.0, sizes[i % len(sizes)], 2) for i in range(count)]
-result = run_load(url, specs, concurrency=1, progress=False, seed=101)
-bad = [t for t in result.traces if not t.succeeded or not t.chunk_times]
-if bad:
-    sys.exit(f"{len(bad)} requests failed: {bad[0].error}")
-rows = sorted((t.send_time, sizes[int(t.request_id) % len(sizes)], t.chunk_times[0] - t.send_time)
-              for t in result.traces)
-json.dump(rows, open(out, "w"))
-"""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,24 +58,19 @@ def drift_table(rows: list[tuple[float, int, float]], sizes: list[int], block: i
     return table
 
 
-def measure(args: argparse.Namespace, work: Path) -> list[tuple[float, int, float]] | None:
-    """Serve, send the requests from core 1, stop: ``(send time s, prompt size, TTFT s)`` in the order sent, or
-    None (said on stderr) when the client failed."""
+def measure(args: argparse.Namespace, work: Path) -> list[tuple[float, int, float]]:
+    """Serve, send the requests from core 1 one at a time, stop: ``(send time s, prompt size, TTFT s)`` in the
+    order sent. RuntimeError when the client or a request failed."""
     command = course_server_command(args.port, 16, max(512, max(args.sizes)))
-    out = work / "rows.json"
-    client = [sys.executable, "-c", CLIENT, f"http://127.0.0.1:{args.port}", str(args.requests), str(out),
-              *map(str, args.sizes)]  # fmt: skip
+    sizes = {str(i): args.sizes[i % len(args.sizes)] for i in range(args.requests)}
     with open(work / "server.log", "w+") as log:
         server = start_server(command, f"http://127.0.0.1:{args.port}/health", log, cores=SERVER_CORE)
         try:
-            result = subprocess.run(pinned(CLIENT_CORE, client), env=single_thread_env(), capture_output=True,
-                                    text=True)  # fmt: skip
+            rows = [(rid, 0.0, size, 2) for rid, size in sizes.items()]
+            traces = send_workload(args.port, rows, work / "traces.json", concurrency=1)
         finally:
             stop(server)
-    if result.returncode != 0:
-        print(f"the client failed: {result.stderr.strip()[-1500:]}", file=sys.stderr)
-        return None
-    return [tuple(row) for row in json.loads(out.read_text())]
+    return sorted((t.send_time, sizes[t.request_id], t.chunk_times[0] - t.send_time) for t in traces)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,9 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"lone prefills of {', '.join(map(str, args.sizes))} tokens, interleaved, {args.requests} requests; "
           f"{load_average()}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="speed-drift-") as work:
-        rows = measure(args, Path(work))
-    if rows is None:
-        return 1
+        try:
+            rows = measure(args, Path(work))
+        except RuntimeError as err:
+            print(err, file=sys.stderr)
+            return 1
     for size in args.sizes:
         ttfts = [ttft for _, s, ttft in rows if s == size]
         print(f"prompt {size:5d} tokens: median TTFT {statistics.median(ttfts) * 1e3:7.2f} ms "

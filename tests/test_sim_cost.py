@@ -237,6 +237,32 @@ def test_a_request_that_finds_the_server_idle_waits_for_it_to_wake():
         LinearCost(1e-3, 0, 0, 0, idle_wake=-1e-3)
 
 
+def test_the_front_ends_work_beside_a_step_takes_the_measured_slowdown_in_both_engines():
+    # Steps of 10 ms, 4 ms of front-end work. The second request arrives at 7 ms, during the first one's prefill.
+    # Sharing the core evenly (2x) its work is done at 7 + 8 = 15 ms and it joins the step at 18 ms; at 3x it is
+    # done at 7 + 12 = 19 ms, after that step began, and waits for the one after (28 ms). The step loses the
+    # 4 ms of work either way: the front end got that much of the core, whatever it took in wall time.
+    from helpers import reference
+
+    work = Workload([RequestSpec("idle", 0.0, 8, 4), RequestSpec("busy", 0.007, 8, 4)])
+    even = LinearCost(a=0.010, b=0, c=0, d=0, before_engine=0.004)
+    slow = LinearCost(a=0.010, b=0, c=0, d=0, before_engine=0.004, front_end_slowdown=3.0)
+    continuous = SimConfig(max_num_seqs=4, num_blocks=100)
+    first, second = simulate(work, continuous, slow).traces
+    assert first.chunk_times == pytest.approx([0.018, 0.028, 0.038, 0.048])
+    assert second.chunk_times[0] == pytest.approx(0.038)
+    assert simulate(work, continuous, even).traces[1].chunk_times[0] == pytest.approx(0.028)
+    # the course's server's iterations (a prefill, then a decode step) and the readable reference agree
+    for config in (continuous, server_sim_config(4, 512)):
+        for cost in (even, slow):
+            assert [t.chunk_times for t in simulate(work, config, cost).traces] == [
+                t.chunk_times for t in reference(work, config, cost)[0]
+            ]
+    assert "that work 3x as long beside a step" in slow.describe() and "beside a step" not in even.describe()
+    with pytest.raises(ValueError, match="front_end_slowdown must be >= 1"):
+        LinearCost(1e-3, 0, 0, 0, before_engine=1e-3, front_end_slowdown=0.5)
+
+
 def test_the_fidelity_benchmark_measures_the_wake_up_from_the_first_request_after_a_pause(tmp_path):
     # Each prefill microbenchmark: its first request (after the client process started) 2 ms slower than the rest.
     from course.trace import save_traces

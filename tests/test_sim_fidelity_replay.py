@@ -1,5 +1,6 @@
 """benchmarks/sim_fidelity.py --replay: a run kept with --keep is fitted and simulated again without a server."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -255,3 +256,57 @@ def test_a_folder_kept_before_prefills_were_counted_replays_its_decode_steps(tmp
         assert sim_fidelity.main(["--replay", str(tmp_path / folder)]) == 0
         said.append(capsys.readouterr().out.split("the run's own steps")[1].replace(str(tmp_path / folder), ""))
     assert said[0] == said[1] and "over the decode steps the line is" in said[1]
+
+
+def beside_traces(cost, config) -> tuple[list, list]:
+    """The prefills-beside-a-stream microbenchmark and eight lone 128-token prefills, as a server whose steps and
+    front end are ``cost`` would answer them (the simulator stands in for it)."""
+    from course.sim import simulate
+    from course.workload import RequestSpec, Workload
+
+    beside = simulate(Workload([RequestSpec(*row) for row in sim_fidelity.beside_rows()]), config, cost).traces
+    lone = simulate(Workload([RequestSpec(f"l{i}", 0.05 * i, 128, 2) for i in range(8)]), config, cost).traces
+    return beside, lone
+
+
+@pytest.mark.parametrize("slowdown", [1.5, 3.5])
+def test_the_front_ends_slowdown_beside_a_step_is_fitted_to_prefills_sent_while_a_request_decodes(slowdown):
+    # A made-up server whose front end takes `slowdown` times longer beside a step: the fit, starting from the even
+    # share, finds it again from the prefills' TTFTs over the lone ones.
+    from course.capacity import server_sim_config
+    from course.sim import LinearCost
+
+    config = server_sim_config(16, 512)
+    true = LinearCost(a=0.002, b=1e-5, c=1e-4, d=0, e=0.0005, before_engine=0.003, front_end_slowdown=slowdown)
+    pairs = [beside_traces(true, config)] * 2
+    even = LinearCost(a=0.002, b=1e-5, c=1e-4, d=0, e=0.0005, before_engine=0.003)
+    assert sim_fidelity.front_end_slowdowns(pairs, even, config) == [slowdown, slowdown]
+    # without front-end work before the engine there is nothing to slow down
+    assert sim_fidelity.front_end_slowdowns(pairs, LinearCost(a=0.002, b=1e-5, c=1e-4, d=0), config) == []
+
+
+def test_a_replay_takes_the_rounds_slowdown_from_the_microbenchmark_its_folder_kept(tmp_path, capsys):
+    from course.capacity import server_sim_config
+    from course.sim import LinearCost
+
+    keep_a_run(tmp_path, passes=True, server_ttft=0.002)
+    folders = sim_fidelity.round_folders(tmp_path, 3)
+    assert sim_fidelity.beside_facts(folders) == {}  # kept before the microbenchmark: the even share, as before
+    args = sim_fidelity.parse_args(["--replay", str(tmp_path)])
+    rounds, _, facts = sim_fidelity.replayed(tmp_path, 3)
+    before = sim_fidelity.fitted_cost(args, "step", sim_fidelity.merge_rounds(rounds), facts)
+    assert before.front_end_slowdown == 2.0
+    config = server_sim_config(args.max_batch_size, args.max_prefill_tokens)
+    for folder, slowdown in zip(folders, (3.0, 4.0, 6.0)):  # each round's own server: the fit takes the median
+        true = dataclasses.replace(before, front_end_slowdown=slowdown, spread=(), prefill_spread=())
+        beside, _ = beside_traces(true, config)
+        save_traces(folder / sim_fidelity.BESIDE_FILE, beside)
+    rounds, _, facts = sim_fidelity.replayed(tmp_path, 3)
+    assert len(facts["beside_stream"]) == 3
+    fitted = sim_fidelity.fitted_cost(args, "step", sim_fidelity.merge_rounds(rounds), facts)
+    assert fitted.front_end_slowdown > 2.0
+    assert dataclasses.replace(fitted, front_end_slowdown=2.0) == before  # nothing else moved
+    assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"beside a step that work takes {fitted.front_end_slowdown:.3g}x as long: the median of the rounds'" in out
+    assert isinstance(fitted, LinearCost)

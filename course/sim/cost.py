@@ -48,6 +48,7 @@ import numpy as np
 from course import roofline
 from course.geometry import ModelGeometry
 from course.hardware import HardwareSpec
+from course.sim.rules import SHARED_CORE_SLOWDOWN
 
 # Fraction of the datasheet roofs that dense GEMMs reach, derived from Vidur's measured GEMM times
 # (github.com/microsoft/vidur, data/profiling/compute/*/mlp.csv):
@@ -346,6 +347,10 @@ class LinearCost:
             descheduled, caches other programs took over). Measured as the first request of a
             microbenchmark after a pause against the ones that follow it
             (:class:`course.sim.rules.FrontDoor`).
+        front_end_slowdown: how many times longer ``before_engine`` takes for a request that arrives while
+            a step runs (2: the front end and the engine share the core evenly; more where the engine
+            keeps the core, or Python's GIL, for longer stretches). Measured as lone prefills that
+            arrive while one request decodes (``benchmarks/sim_fidelity.py``).
         spread: quantiles of a decode step's relative deviation from its expected time (0.5 = 50 %
             longer), at the evenly spaced probabilities 0, ..., 1 (:data:`SPREAD_PROBABILITIES` when
             fitted); () = none. Relative, because a step shares its core with other work for its
@@ -364,6 +369,7 @@ class LinearCost:
     before_engine: float = 0.0
     latency: float = 0.0
     idle_wake: float = 0.0
+    front_end_slowdown: float = SHARED_CORE_SLOWDOWN
     spread: tuple[float, ...] = ()
     prefill_spread: tuple[float, ...] = ()
     seed: int = 0
@@ -373,6 +379,9 @@ class LinearCost:
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"LinearCost.{name} must be >= 0 seconds, got {value!r}")
+        if not self.front_end_slowdown >= 1:
+            raise ValueError(f"LinearCost.front_end_slowdown must be >= 1 (2: an even share of the core), "
+                             f"got {self.front_end_slowdown!r}")  # fmt: skip
         for name in ("spread", "prefill_spread"):
             quantiles = tuple(float(v) for v in getattr(self, name))
             if len(quantiles) == 1 or any(not np.isfinite(v) or v < -1 for v in quantiles):
@@ -456,6 +465,8 @@ class LinearCost:
             text += f"; {self.latency * 1e3:.3g} ms front-end latency per request"
         if self.idle_wake:
             text += f"; {self.idle_wake * 1e3:.3g} ms to wake an idle server"
+        if self.before_engine and self.front_end_slowdown != SHARED_CORE_SLOWDOWN:
+            text += f"; that work {self.front_end_slowdown:.3g}x as long beside a step"
         for name, quantiles in (("decode", self.spread), ("prefill", self.prefill_spread)):
             if quantiles:
                 low, high = np.interp([0.05, 0.95], np.linspace(0, 1, len(quantiles)), quantiles)

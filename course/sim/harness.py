@@ -193,7 +193,7 @@ def run(
     running: list[SimRequest] = []
     now, arrived = 0.0, 0
     finishing: list[SimRequest] = []  # async scheduling: finished in the last step, not yet freed
-    front = rules.FrontDoor(getattr(cost, "before_engine", 0.0), getattr(cost, "idle_wake", 0.0))
+    front = rules.front_door(cost)
     draw = spread_draw(cost)  # the step-time spread, drawn by the step's index (None: none)
     step_start = None  # when the step that just ended started (None after idling): who arrived during it
     for _ in range(max_steps):

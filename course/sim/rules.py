@@ -119,7 +119,7 @@ def step_time(seconds: float, draw, step: int, prefills: bool) -> float:
 
 
 # The front end's work takes this many times longer when it arrives while the engine is busy: two
-# runnable threads on one core, each getting half of it.
+# runnable threads on one core, each getting half of it (a cost's ``front_end_slowdown`` overrides it).
 SHARED_CORE_SLOWDOWN = 2.0
 
 
@@ -128,16 +128,20 @@ class FrontDoor:
     queue in the order they are ready.
 
     ``seconds``: the front end's work per request (``LinearCost.before_engine``). A request that
-    arrives while a step runs shares the core with it, so its work takes ``SHARED_CORE_SLOWDOWN``
-    times longer and the step loses the work's length (:meth:`stretch`); one that arrives while the
-    engine idles has the core to itself. ``wake``: what a request that finds the whole server idle
-    (no step running, nothing at the front door) waits more for the machine to wake up
+    arrives while a step runs shares the core with it, so its work takes ``slowdown`` times longer
+    (``SHARED_CORE_SLOWDOWN``, 2: an even share; ``LinearCost.front_end_slowdown`` where measured)
+    and the step loses the work's length (:meth:`stretch`); one that arrives while the engine idles
+    has the core to itself. ``wake``: what a request that finds the whole server idle (no step
+    running, nothing at the front door) waits more for the machine to wake up
     (``LinearCost.idle_wake``).
     """
 
-    def __init__(self, seconds: float, wake: float = 0.0) -> None:
+    def __init__(self, seconds: float, wake: float = 0.0, slowdown: float = SHARED_CORE_SLOWDOWN) -> None:
+        if not slowdown >= 1:
+            raise ValueError(f"the front end's slowdown beside a step must be >= 1, got {slowdown!r}")
         self.seconds = seconds
         self.wake = wake
+        self.slowdown = slowdown
         self._heap: list[tuple[float, int, object]] = []
         self._arrivals = 0  # tie-break: among requests ready at once, the earlier arrival goes first
         self._taken = 0.0  # seconds of the core the front end takes from the next step
@@ -149,7 +153,7 @@ class FrontDoor:
 
     def arrive(self, request, arrival_time: float, busy: bool) -> None:
         """Take ``request``, which arrived at ``arrival_time`` (s) while a step ran (``busy``) or not."""
-        work = self.seconds * (SHARED_CORE_SLOWDOWN if busy else 1.0)
+        work = self.seconds * (self.slowdown if busy else 1.0)
         if not busy and not self._heap:  # nothing running anywhere: the machine wakes up first
             work += self.wake
         heapq.heappush(self._heap, (arrival_time + work, self._arrivals, request))
@@ -191,6 +195,13 @@ class FrontDoor:
 
     def __len__(self) -> int:
         return len(self._heap)
+
+
+def front_door(cost) -> FrontDoor:
+    """The :class:`FrontDoor` of a step cost: its ``before_engine``, ``idle_wake`` and ``front_end_slowdown``
+    where it has them (a :class:`~course.sim.cost.LinearCost`), none otherwise."""
+    return FrontDoor(getattr(cost, "before_engine", 0.0), getattr(cost, "idle_wake", 0.0),
+                     getattr(cost, "front_end_slowdown", SHARED_CORE_SLOWDOWN))  # fmt: skip
 
 
 # --- how many tokens, and who joins --------------------------------------------------------------

@@ -245,7 +245,7 @@ class _IterativeRun:
         self.admissions = 0
         self.step_seconds = cost.step_seconds
         self.draw = spread_draw(cost)  # the step-time spread, drawn by the step's index (None: none)
-        self.front = rules.FrontDoor(getattr(cost, "before_engine", 0.0), getattr(cost, "idle_wake", 0.0))
+        self.front = rules.front_door(cost)
         self.log = StepLogBuilder()
         self.waiting: deque[_FastRequest] = deque()
         self.running: list[_FastRequest] = []

@@ -33,7 +33,9 @@
    A microbenchmark during which the hypervisor stole more than 5 % of the server core's busy time
    (``/proc/stat``'s steal ticks, ``course.noise.steal_share``) is measured again, twice at most.
    Each prefill microbenchmark's first request, sent after a pause, against the ones sent back to back
-   gives ``idle_wake``: what a request that finds the server idle waits more for it to wake up.
+   gives ``idle_wake``: what a request that finds the server idle waits more for it to wake up. For the
+   course's server, eight lone 128-token prefills sent while one request decodes, against the round's lone
+   prefills, give ``front_end_slowdown``: how many times longer the front end's work takes beside a step.
 3. **The run to predict**: Poisson arrivals measured with ``course bench --request-rate ... --output``,
    in parts between the calibration rounds (five parts with six rounds: round, part, round, ...,
    part, round), so that the calibration and the run see the same stretch of a machine whose speed drifts;

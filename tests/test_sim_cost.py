@@ -548,6 +548,29 @@ def test_a_calibration_microbenchmark_that_lost_its_core_is_measured_again(monke
     assert len(calls) == waves * (1 + sim_fidelity.STEAL_RETRIES)
 
 
+def test_the_prefills_beside_a_stream_are_measured_again_when_they_lost_the_core(monkeypatch, tmp_path, capsys):
+    # The course's server (counters): after the waves, the prefills beside a decoding request, sent by the
+    # benchmarks' own client; 25 % stolen the first time, 1 % the second.
+    sent, shares = [], iter([0.25, 0.01])
+    monkeypatch.setattr(sim_fidelity, "bench_stolen", lambda port, out, *options: ([], 0.0))
+    monkeypatch.setattr(sim_fidelity, "server_prefill_counters", lambda url: None)
+    monkeypatch.setattr(sim_fidelity, "settled_prefill_counters", lambda url, before, n: None)
+    monkeypatch.setattr(sim_fidelity, "send_workload", lambda port, rows, out: sent.append((rows, out)))
+    monkeypatch.setattr(sim_fidelity.noise, "steal_share", lambda before, after: next(shares))
+    monkeypatch.setattr(sim_fidelity, "read_calibration", lambda work: [])
+    sim_fidelity.calibrate(8000, tmp_path, counters=True)
+    assert [out for _, out in sent] == [tmp_path / sim_fidelity.BESIDE_FILE] * 2
+    rows = sent[0][0]
+    assert rows[0][0] == sim_fidelity.BESIDE_STREAM_ID and len(rows) == 1 + sim_fidelity.BESIDE_PREFILLS
+    arrivals = [arrival for _, arrival, _, _ in rows[1:]]
+    assert arrivals == sorted(arrivals) and min(b - a for a, b in zip(arrivals, arrivals[1:])) > 0.05
+    assert "took 25% of the server's core during the prefills beside a decoding request" in capsys.readouterr().out
+    # vLLM's front end is another process: no such microbenchmark
+    sent.clear()
+    sim_fidelity.calibrate(8000, tmp_path, counters=False)
+    assert sent == []
+
+
 def test_the_roofline_cost_reads_a_moes_active_experts_and_fp8_weights_at_one_byte():
     from course import hardware, kv
     from course.sim import RooflineCost

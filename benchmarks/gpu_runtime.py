@@ -14,7 +14,7 @@ leaves what it measured.
     .venv/bin/python benchmarks/gpu_runtime.py --out gpu_runtime.json          # on the GPU machine
     .venv/bin/python benchmarks/gpu_runtime.py --dry-run --out /tmp/dry.json   # anywhere: CPU, seconds
 
-Then the final lab (module 6): where vLLM's GPU build of the release the course follows
+Then the final lab (module 7): where vLLM's GPU build of the release the course follows
 (``course.vllm_release``) is installed, it runs the lab's phases against ``vllm serve`` on the real small
 model (``course.models.HUB_MODEL``; the course's tiny model when the Hub cannot be reached) with a KV
 cache of 128 blocks of 16 tokens (the 2,048 tokens of the recorded CPU run) and records the lab's figures:

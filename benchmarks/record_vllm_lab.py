@@ -1,4 +1,4 @@
-"""Record the vLLM run that module 6 (the final lab) reads: ``course/data/vllm_run/``.
+"""Record the vLLM run that module 7 (the final lab) reads: ``course/data/vllm_run/``.
 
 Run it with the oracle environment's interpreter (vLLM's CPU build and the course in one environment)::
 

@@ -1,4 +1,4 @@
-"""The final lab's library: the real vLLM engine beside the course's own tools (module 6).
+"""The final lab's library: the real vLLM engine beside the course's own tools (module 7).
 
 Everything the lab reads from vLLM, it reads the way a learner would: the startup log, ``GET /metrics``
 (Prometheus text), the streamed chunks of its OpenAI-compatible server and the JSON that

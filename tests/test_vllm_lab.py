@@ -1,4 +1,4 @@
-"""course.vllm_lab (module 6): the parsers, the recorded vLLM run's integrity, and the lab's comparisons.
+"""course.vllm_lab (module 7): the parsers, the recorded vLLM run's integrity, and the lab's comparisons.
 
 No vLLM here: these tests read the run recorded with vLLM 0.32.0's CPU build (course/data/vllm_run/,
 benchmarks/record_vllm_lab.py). tests/oracle/test_lab.py runs the live path against a real vllm serve.

@@ -1,4 +1,4 @@
-"""The final lab's live path (module 6) against a real ``vllm serve``: one server start for the module.
+"""The final lab's live path (module 7) against a real ``vllm serve``: one server start for the module.
 
 ``course.vllm_lab.lab_run`` is what the notebook runs when vLLM is installed: it starts the CPU build on the
 course's tiny model with a 16-block KV cache and a queue cap, records the quick plan's phases, then the

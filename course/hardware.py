@@ -2,12 +2,22 @@
 
 Used by the roofline (modules 1 and 3) and the capacity budget (module 4). GPU figures are
 the vendor's datasheet numbers for dense bf16/fp16 tensor math (datasheets often print the
-2:4-sparse figure, twice as large); "GB" is 10**9 bytes as on the datasheets.
+2:4-sparse figure, twice as large). Bandwidth "GB/s" is 10**9 bytes per second.
 
-Memory comes twice. ``memory_bytes`` is the datasheet's "80 GB"; ``driver_memory_bytes`` is what
-the CUDA driver reports as the card's total (``torch.cuda.mem_get_info()[1]``), a little less
-(ECC, reserved regions): vLLM multiplies *that* by ``gpu_memory_utilization``
-(``vllm/v1/worker/gpu_worker.py``), so every budget uses :attr:`HardwareSpec.total_memory`.
+Memory comes three ways. The datasheet's "80 GB" is the capacity of the memory chips, and memory
+chips come in powers of two: an H100's 80 GB is 80 GiB of HBM3 (5 stacks of 16 GiB), 85.9 x 10**9
+bytes, so :attr:`HardwareSpec.memory_bytes` holds it in GiB and ``datasheet_memory`` the label as
+printed. ``driver_memory_bytes`` is what the CUDA driver reports as the card's total
+(``torch.cuda.mem_get_info()[1]``), a little less: the driver and firmware reserve some (an H100
+reports 79.14 GiB, 84.98 x 10**9 bytes, still more than 80 x 10**9). ECC is why a GDDR card reports
+much less: GDDR6 (T4, L4, A10G) keeps its check bits in the same memory, so with ECC on (the
+data-centre default) nvidia-smi shows 15,360 MiB of a T4's 16 GiB, 1/16 less; HBM (A100, H100, H200)
+keeps them beside the data, "without a bandwidth or capacity penalty" (NVIDIA Tesla V100 architecture
+whitepaper, ECC memory resiliency, https://images.nvidia.com/content/volta-architecture/pdf/
+volta-architecture-whitepaper.pdf; nvidia-smi's documentation: "If ECC is enabled the total
+available memory is decreased by several percent", https://docs.nvidia.com/deploy/nvidia-smi/index.html).
+vLLM multiplies the driver's total by ``gpu_memory_utilization`` (``vllm/v1/worker/gpu_worker.py``),
+so every budget uses :attr:`HardwareSpec.total_memory`.
 :func:`measure_runtime` makes a spec for the learner's own runtime from measurements.
 """
 
@@ -28,7 +38,8 @@ class HardwareSpec:
 
     Attributes:
         name: short name, e.g. "H100-SXM".
-        memory_bytes: device memory (bytes).
+        memory_bytes: device memory (bytes): the datasheet's capacity, which is in GiB (see the
+            module docstring), or a CPU's physical memory.
         bandwidth: peak memory bandwidth (bytes/s).
         flops: peak dense bf16/fp16 throughput (FLOP/s), or fp32 for a measured CPU.
         source: where the numbers come from (a datasheet URL, or "measured ...").
@@ -40,6 +51,7 @@ class HardwareSpec:
             aarch64 CPUs); vLLM serves a float32 checkpoint in bf16 where it does, else fp16.
         compute_capability: NVIDIA's (major, minor) compute capability, None for a CPU; vLLM picks
             attention backends by it (vllm/platforms/cuda.py).
+        memory_label: the capacity as the datasheet prints it ("80 GB"); "" where there is none.
     """
 
     name: str
@@ -52,6 +64,12 @@ class HardwareSpec:
     platform: str = "cuda"
     supports_bf16: bool = True
     compute_capability: tuple[int, int] | None = None
+    memory_label: str = ""
+
+    @property
+    def datasheet_memory(self) -> str:
+        """The capacity as the datasheet prints it ("80 GB", which means 80 GiB), else in GiB."""
+        return self.memory_label or f"{self.memory_bytes / GiB:.0f} GiB"
 
     @property
     def total_memory(self) -> float:
@@ -83,19 +101,19 @@ GPUS: dict[str, HardwareSpec] = {
     for spec in [
         HardwareSpec(
             "T4",
-            16 * GB,
+            16 * GiB,
             320 * GB,
             65 * TFLOPS,
             "NVIDIA T4 datasheet (65 TFLOPS mixed-precision FP16; no bf16 tensor cores), "
             "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"
             " (16 GB GDDR6, 320 GB/s)",
             14.74 * GiB,
-            _LOG.format(gib="14.74") + " on a Colab T4 (public logs of ECC-enabled T4s also read 14.56 GiB)",
+            _LOG.format(gib="14.74") + " on a Colab T4, ECC on (other public T4 logs read 14.56-14.75 GiB)",
             supports_bf16=False,  # compute capability 7.5 (vllm/platforms/cuda.py, supported_dtypes)
         ),
         HardwareSpec(
             "L4",
-            24 * GB,
+            24 * GiB,
             300 * GB,
             121 * TFLOPS,
             "NVIDIA L4 product page (242 TFLOPS FP16/BF16 with sparsity, so 121 dense), "
@@ -106,7 +124,7 @@ GPUS: dict[str, HardwareSpec] = {
         ),
         HardwareSpec(
             "A10G",
-            24 * GB,
+            24 * GiB,
             600 * GB,
             70 * TFLOPS,
             "NVIDIA A10G, the AWS G5 variant of the A10 (https://www.nvidia.com/en-us/data-center/products/a10-gpu/); "
@@ -119,7 +137,7 @@ GPUS: dict[str, HardwareSpec] = {
         ),
         HardwareSpec(
             "A100-40GB",
-            40 * GB,
+            40 * GiB,
             1555 * GB,
             312 * TFLOPS,
             _A100_DATASHEET + " (A100 40GB SXM: HBM2, 1,555 GB/s; 312 TFLOPS BF16 dense, 624 with sparsity)",
@@ -128,7 +146,7 @@ GPUS: dict[str, HardwareSpec] = {
         ),
         HardwareSpec(
             "A100-80GB",
-            80 * GB,
+            80 * GiB,
             2039 * GB,
             312 * TFLOPS,
             _A100_DATASHEET + " (A100 80GB SXM: HBM2e, 2,039 GB/s; 312 TFLOPS BF16 dense, 624 with sparsity)",
@@ -137,7 +155,7 @@ GPUS: dict[str, HardwareSpec] = {
         ),
         HardwareSpec(
             "H100-SXM",
-            80 * GB,
+            80 * GiB,
             3.35 * TB,
             989 * TFLOPS,
             "NVIDIA H100 product page (1,979 TFLOPS BF16 with sparsity, so 989 dense), "
@@ -147,7 +165,7 @@ GPUS: dict[str, HardwareSpec] = {
         ),
         HardwareSpec(
             "H200-SXM",
-            141 * GB,
+            141 * GiB,
             4.8 * TB,
             989 * TFLOPS,
             "NVIDIA H200 product page (same compute as H100 SXM, HBM3e), "
@@ -164,8 +182,13 @@ _COMPUTE_CAPABILITY = {
     "T4": (7, 5), "L4": (8, 9), "A10G": (8, 6), "A100-40GB": (8, 0), "A100-80GB": (8, 0),
     "H100-SXM": (9, 0), "H200-SXM": (9, 0),
 }  # fmt: skip
+# The capacity as each datasheet above prints it ("GB" there means GiB: see the module docstring).
+_MEMORY_LABEL = {
+    "T4": "16 GB GDDR6", "L4": "24 GB GDDR6", "A10G": "24 GB GDDR6", "A100-40GB": "40 GB HBM2",
+    "A100-80GB": "80 GB HBM2e", "H100-SXM": "80 GB HBM3", "H200-SXM": "141 GB HBM3e",
+}  # fmt: skip
 for _name, _capability in _COMPUTE_CAPABILITY.items():
-    GPUS[_name] = replace(GPUS[_name], compute_capability=_capability)
+    GPUS[_name] = replace(GPUS[_name], compute_capability=_capability, memory_label=_MEMORY_LABEL[_name])
 
 # Other names people use for the catalogue GPUs.
 ALIASES = {"H100": "H100-SXM", "H200": "H200-SXM", "A100-80G": "A100-80GB", "A100-40G": "A100-40GB"}

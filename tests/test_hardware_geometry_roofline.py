@@ -14,6 +14,26 @@ def test_every_gpu_has_a_source_and_a_sane_ridge_point():
     assert hardware.gpu("h100-sxm").ridge_point == pytest.approx(989e12 / 3.35e12)
 
 
+def test_datasheet_memory_is_gib_and_only_gddr_loses_capacity_to_ecc():
+    """An H100's "80 GB" is 80 GiB of HBM3; its driver total (79.14 GiB) is more than 80 x 10^9 bytes.
+
+    HBM keeps ECC bits beside the data: the driver's total stays within 2 % of the capacity. GDDR6
+    with ECC on gives up 1/16 of it, so the driver reports less than 15/16 of the datasheet's GiB.
+    """
+    h100 = hardware.gpu("H100")
+    assert h100.memory_bytes == 80 * 2**30 and h100.datasheet_memory == "80 GB HBM3"
+    assert h100.total_memory == pytest.approx(84.98e9, rel=1e-3) and h100.total_memory > 80e9
+    for spec in hardware.GPUS.values():
+        label = spec.datasheet_memory
+        assert float(label.split()[0]) * 2**30 == spec.memory_bytes, spec.name
+        if "HBM" in label:
+            assert 0.98 * spec.memory_bytes < spec.total_memory < spec.memory_bytes, spec.name
+        else:
+            assert "GDDR" in label and spec.total_memory < spec.memory_bytes * 15 / 16, spec.name
+    measured = hardware.HardwareSpec("toy", memory_bytes=3 * 2**30, bandwidth=1.0, flops=1.0, source="test")
+    assert measured.datasheet_memory == "3 GiB"
+
+
 def test_unknown_gpu_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown GPU 'H300'.*H100-SXM"):
         hardware.gpu("H300")

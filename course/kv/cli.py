@@ -142,7 +142,7 @@ def run_cli(args) -> int:
         print("GPUs (datasheet memory; total as the driver reports it):")
         for spec in GPUS.values():
             print(
-                f"  {spec.name:10s} {spec.memory_bytes / 1e9:5.0f} GB ({spec.total_memory / GiB:6.2f} GiB) "
+                f"  {spec.name:10s} {spec.datasheet_memory:13s} ({spec.total_memory / GiB:6.2f} GiB) "
                 f"{spec.bandwidth / 1e9:6.0f} GB/s"
             )
         return 0

@@ -537,3 +537,124 @@ def memory_budget(budgets: KVBudget | Mapping[str, KVBudget]) -> Figure:
     ax.grid(axis="y", visible=False)
     fig.legend(handles=list(drawn.values()), loc="outside lower center", ncols=min(len(drawn), 4), fontsize=8)
     return fig
+
+
+# --- the central claim ----------------------------------------------------------------------------
+
+
+def phases_overview(prompt_tokens: int = 8, batch: int = 3) -> Figure:
+    """Prefill and decode side by side: the course's central claim as one static picture.
+
+    Prefill multiplies a wide matrix, one row per prompt token (``prompt_tokens`` rows), by every
+    weight matrix: each weight read does ``prompt_tokens`` multiply-adds, so the step is bound by
+    compute. It writes the keys and values of every prompt token into the KV cache. A decode step
+    multiplies ``batch`` rows, one new token per sequence, by the same weights: every weight is read
+    for ``batch`` multiply-adds, so the step is bound by reading memory; each sequence also reads its
+    own KV cache and appends one token to it. Drawn schematically (cells are tokens, not bytes); the
+    gids ``prefill-x``, ``decode-x``, ``weights-prefill``, ``weights-decode``, ``kv-prefill`` and
+    ``kv-decode`` name the drawn parts for the tests.
+    """
+    if prompt_tokens < 2 or batch < 1 or batch >= prompt_tokens:
+        raise ValueError(f"draw at least 2 prompt tokens and fewer decode rows than that; got {prompt_tokens}, {batch}")
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    fig, axes = _figure(width=10.0, height=3.9)
+    ax = axes[0, 0]
+    ax.set_axis_off()
+    cell = 0.3  # one token's row is this high
+    top = 1.15 + prompt_tokens * cell  # the prefill matrix's top edge (captions go below it)
+    w = 1.5  # the weight matrix is drawn w x w
+    prefill_color, decode_color = plotting.COLORS["prefill"], plotting.COLORS["decode"]
+
+    def rows(x: float, n: int, color: str, gid: str, width: float = 0.9) -> None:
+        for i in range(n):
+            ax.add_patch(
+                Rectangle(
+                    (x, top - (i + 1) * cell),
+                    width,
+                    cell,
+                    facecolor=color,
+                    edgecolor="white",
+                    linewidth=1.2,
+                    gid=f"{gid} {i}",
+                )
+            )
+
+    def weights(x: float, gid: str) -> None:
+        ax.add_patch(Rectangle((x, top - w), w, w, facecolor="#7F7F7F", edgecolor="black", linewidth=0.8, gid=gid))
+        ax.text(x + w / 2, top - w / 2, "W\n(every\nweight)", ha="center", va="center", color="white", fontsize=9)
+
+    def symbol(x: float, text: str) -> None:
+        ax.text(x, top - w / 2, text, ha="center", va="center", fontsize=16)
+
+    # Prefill: X (prompt_tokens rows) @ W = Y.
+    rows(0.0, prompt_tokens, prefill_color, "prefill-x")
+    symbol(1.2, "×")
+    weights(1.5, "weights-prefill")
+    ax.text(0.45, top + 0.12, f"{prompt_tokens} prompt tokens", ha="center", va="bottom", fontsize=8.5)
+    ax.text(1.7, top + 0.75, "Prefill: sets TTFT", ha="center", fontsize=12, weight="bold")
+    ax.text(
+        1.7,
+        0.05,
+        "one wide matrix product over every prompt token:\n"
+        "each weight read does a multiply-add per token\n→ bound by compute (FLOP/s)",
+        ha="center",
+        va="bottom",
+        fontsize=9,
+    )
+
+    # The KV cache between them: the prompt's tokens, then one more per decode step.
+    kv_x = 4.55
+    for i in range(prompt_tokens):
+        ax.add_patch(
+            Rectangle(
+                (kv_x, top - (i + 1) * cell),
+                0.9,
+                cell,
+                facecolor=prefill_color,
+                alpha=0.45,
+                edgecolor="white",
+                linewidth=1.2,
+                gid=f"kv-prefill {i}",
+            )
+        )
+    ax.add_patch(
+        Rectangle(
+            (kv_x, top - (prompt_tokens + 1) * cell),
+            0.9,
+            cell,
+            facecolor=decode_color,
+            alpha=0.6,
+            edgecolor="white",
+            linewidth=1.2,
+            gid="kv-decode 0",
+        )
+    )
+    ax.text(kv_x + 0.45, top + 0.12, "KV cache\n(per sequence)", ha="center", va="bottom", fontsize=10, weight="bold")
+    ax.text(kv_x + 0.95, top - (prompt_tokens + 0.5) * cell, " +1 token per step", ha="left", va="center", fontsize=8)
+    arrow = {"arrowstyle": "-|>", "mutation_scale": 12, "color": "black", "linewidth": 1.0}
+    ax.add_patch(FancyArrowPatch((3.1, top - 0.4), (kv_x - 0.05, top - 0.4), **arrow, gid="writes"))
+    ax.text(3.8, top - 0.32, "writes K, V\nof every token", ha="center", va="bottom", fontsize=8)
+    ax.add_patch(FancyArrowPatch((kv_x + 0.95, top - 0.4), (6.45, top - 0.4), **arrow, gid="reads"))
+    ax.text(5.95, top - 0.32, "read in full\nevery step", ha="center", va="bottom", fontsize=8)
+
+    # Decode: X (batch rows, one new token per sequence) @ W = Y.
+    dx = 6.5
+    rows(dx, batch, decode_color, "decode-x")
+    symbol(dx + 1.2, "×")
+    weights(dx + 1.5, "weights-decode")
+    ax.text(dx + 0.45, top + 0.12, f"{batch} sequences,\n1 new token each", ha="center", va="bottom", fontsize=8.5)
+    ax.text(dx + 1.7, top + 0.75, "Decode: sets ITL / TPOT", ha="center", fontsize=12, weight="bold")
+    ax.text(
+        dx + 1.7,
+        0.05,
+        "one token per sequence per step: every weight\nand each sequence's KV cache read "
+        "for a few\nmultiply-adds → bound by memory bandwidth",
+        ha="center",
+        va="bottom",
+        fontsize=9,
+    )
+    ax.set_xlim(-0.1, dx + 3.3)
+    ax.set_ylim(0.0, top + 1.15)
+    ax.set_aspect("equal")
+    return fig

@@ -108,6 +108,27 @@ def test_phase_figures_divide_bytes_and_flops_by_the_measured_roofs():
     assert d["model_params"] == lm.num_params and d["device"] == "toy" and d["noise_check_passed"]
 
 
+def test_reading_explains_the_figures_against_the_physics_never_a_target():
+    lm = models.build_tiny_model(seed=0)
+    step1 = phases.decode_bytes_per_step(lm, 1, 256) / 4e9  # 40 % of the 10 GB/s roof
+    t512 = phases.prefill_flops(lm, 512) / 90e9  # 90 % of the 100 GFLOP/s roof
+
+    def figures(ratio8: float, step: float, prefill: float) -> list[str]:
+        decode = [Timing(1, step, step, step, 3), Timing(8, ratio8 * step, ratio8 * step, ratio8 * step, 3)]
+        timings = [Timing(64, 1.0, 1.0, 1.0, 3), Timing(512, prefill, prefill, prefill, 3)]
+        return phases.reading(phases.PhaseFigures(lm, _roofs(), "stock", 256, decode, timings, threads=1, load=0.1))
+
+    free, slow_read, fast_prefill = figures(1.2, step1, t512)
+    assert "Batch 8 cost 1.20x batch 1" in free and "signature of a bandwidth-bound step" in free
+    assert "40% of the memory roof" in slow_read and "about half of `sum`'s rate" in slow_read
+    assert "90% of the compute roof" in fast_prefill
+    costly, fast_read, slow_prefill = figures(2.5, step1 / 2, 3 * t512)
+    assert "more than the roofline's" in costly and "kernel that re-reads" in costly
+    assert "80% of the memory roof: the step is the read" in fast_read
+    assert "30% of the compute roof" in slow_prefill and "up to 512 tokens" in slow_prefill
+    assert not any("target" in line for line in [free, costly, slow_read, fast_read, fast_prefill, slow_prefill])
+
+
 def test_observed_free_batch_interpolates_where_the_ratio_crosses_1_5():
     sweep = [Timing(1, 1.0, 1.0, 1.0, 3), Timing(2, 1.0, 1.0, 1.0, 3), Timing(8, 2.0, 2.0, 2.0, 3)]
     assert math.isclose(phases.observed_free_batch(sweep), 4.0)  # halfway from 2 to 8 in log space

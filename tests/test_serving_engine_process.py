@@ -204,8 +204,8 @@ def test_a_core_that_dies_under_the_server_ends_its_streams_with_an_error(lm):
         assert rest[-1] == "[DONE]"
         error = json.loads(rest[-2])["error"]
         assert error["code"] == 500 and "exit code -9" in error["message"], error
-        health = httpx.get(server.url + "/health", timeout=10)
-        assert health.status_code == 200  # the server itself stays up
+        health = httpx.get(server.url + "/health", timeout=10)  # the server answers, and says the engine is dead
+        assert health.status_code == 503 and "exit code -9" in health.json()["reason"], health.text
 
 
 def test_every_field_of_an_event_crosses_the_process_boundary(lm, core):

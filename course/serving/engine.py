@@ -102,6 +102,8 @@ class Engine:
             is ``course serve --enable-prefix-caching``'s); 0, the default, turns prefix caching off.
             A model whose cache cannot be reused (sliding-window layers) runs without it
             (``prefix_cache_off`` says why).
+        wedged_after: seconds without a finished iteration, while requests are open, after which
+            :meth:`health` reports the engine wedged.
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class Engine:
         runner: str = "auto",
         on_events: Callable[[list[tuple[EngineRequest, TokenEvent]]], None] = deliver,
         prefix_cache_bytes: int = 0,
+        wedged_after: float = 60.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -159,6 +162,8 @@ class Engine:
         self.prefill_by_tokens: dict[int, tuple[int, float]] = {}
         self.prefill_seconds = 0.0
         self.last_error: str | None = None
+        self.wedged_after = wedged_after
+        self._progress = time.monotonic()  # the end of the last iteration, or when work came to an idle engine
         self.iterations: deque[tuple[float, float]] = deque(maxlen=4096)  # (start, seconds) of recent iterations
         # (decodes, prompt tokens) each of those iterations' token budget was split into
         self.budget_used: deque[tuple[int, int]] = deque(maxlen=4096)
@@ -179,6 +184,8 @@ class Engine:
         or in the :class:`~course.serving.engine_process.EngineProcess` that sent it to this engine)."""
         if self.prefix_cache is not None:  # hashed here, on the caller's thread, not in the engine loop
             request.block_hashes = self.prefix_cache.hashes(request.prompt_ids)
+        if not self.scheduler.num_unfinished:
+            self._progress = time.monotonic()  # an idle engine's silence so far is not a stall
         self.scheduler.add(request)
         self._ensure_started()
         return request
@@ -263,6 +270,21 @@ class Engine:
             **self.prefix_cache_stats(),
         }
 
+    def health(self) -> str | None:
+        """None while the engine runs and makes progress; otherwise why not, in words: it is stopped, its
+        thread died, or it has requests open and finished no iteration for ``wedged_after`` seconds."""
+        if self.scheduler.stopping:
+            return "the engine is shut down"
+        if self._thread is not None and not self._thread.is_alive():
+            return f"the engine thread exited ({self.last_error or 'no error recorded'})"
+        silent = time.monotonic() - self._progress
+        if self.num_unfinished and silent > self.wedged_after:
+            return (
+                f"the engine has {self.num_unfinished} requests open and finished no iteration for {silent:.0f} s "
+                f"(more than {self.wedged_after:g} s): it is wedged"
+            )
+        return None
+
     def prefix_cache_stats(self) -> dict[str, Any]:
         """The prefix cache's counters (queries and hits in prompt tokens, as vLLM counts them; blocks
         and bytes held), zeros when it is off; ``prefix_caching`` is "on" or why it is off."""
@@ -320,6 +342,7 @@ class Engine:
             steps, total, read = self.decode_by_batch.get(len(rows), (0, 0.0, 0))
             self.decode_by_batch[len(rows)] = (steps + 1, total + seconds, read + held)  # one store: stats() reads it
         self.iterations.append((started, time.perf_counter() - started))
+        self._progress = time.monotonic()
         self.budget_used.append((budgeted, prompt_tokens))
         return False
 

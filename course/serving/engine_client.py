@@ -73,6 +73,12 @@ class EngineClient(Protocol):
         """The engine's counters, for ``/health``, ``/metrics``, tests and plots."""
         ...
 
+    def health(self) -> str | None:
+        """None while the engine runs and makes progress; otherwise why not, in words (it stopped, its
+        thread or process died and how, or it has requests open and has made no progress for a long
+        while): the server's ``/health`` answers 503 with it."""
+        ...
+
 
 def checked_prompt(prompt_ids: Sequence[int], params: SamplingParams, max_model_len: int, vocab_size: int) -> list[int]:
     """``prompt_ids`` as a list of ints, or ValueError saying why the engine cannot run it.

@@ -20,11 +20,18 @@ core in a separate process by default (``VLLM_ENABLE_V1_MULTIPROCESSING=1`` in `
 * on the server's side, the event loop reads the core's pipe itself (``loop.add_reader``, once
   the server calls :meth:`EngineProcess.read_outputs_on`, as vLLM's ``AsyncMPClient`` reads its
   ZMQ socket in an asyncio task) and puts each event straight into its stream's queue; used from
-  plain code, a reader thread does it instead.
+  plain code, a reader thread does it instead. Either way the pipe is read through :class:`FrameReader`,
+  which never waits for the rest of a message: uvloop makes a pipe it watches non-blocking (libuv's
+  ``uv_poll_init``), and there ``Connection.recv()`` fails half-way through any message larger than
+  what has arrived (a step of 64 streams with 20 logprobs each is one), which once looked like the
+  core's death.
 
 The model is passed to the child by pickling: torch moves its tensors to shared memory, so
 the weights are not copied. If the core process dies, every open request ends with a 500 error
-event; after :meth:`EngineProcess.stop`, with a 503, as with :class:`Engine`.
+event saying how it ended (its exit code, or the signal that killed it), new requests get a 503
+saying the same, and :meth:`EngineProcess.health` reports it (the server's ``/health`` answers 503);
+after :meth:`EngineProcess.stop`, requests end with a 503, as with :class:`Engine`. A core that is
+alive but sends nothing for ``wedged_after`` seconds while requests are open is reported as wedged.
 """
 
 from __future__ import annotations
@@ -32,14 +39,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import select
 import signal
+import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 
 import torch.multiprocessing  # noqa: F401  registers torch's pickling of tensors into shared memory
@@ -63,6 +75,12 @@ from course.serving.sampler import SamplingParams
 
 STATS_INTERVAL_S = 0.05  # the engine's counters reach the API server at least this often while busy
 START_TIMEOUT_S = 300.0  # loading torch, transformers and the course in a fresh process takes seconds
+# A core with requests open that sends nothing for this long is reported as wedged (/health: 503). A busy
+# core sends every step; one step is milliseconds on the tiny model and at most a few seconds for a chunk
+# of --max-prefill-tokens on a large model on a CPU.
+WEDGED_AFTER_S = 60.0
+
+logger = logging.getLogger("course.serving.server")
 
 
 class EngineStartError(RuntimeError):
@@ -75,6 +93,101 @@ class RunnerName(NamedTuple):
     name: str
 
 
+class CorruptOutput(RuntimeError):
+    """A message from the core that cannot be read (the pipe is out of step: nothing after it can be trusted)."""
+
+
+class FrameReader:
+    """The messages of a :class:`~multiprocessing.connection.Connection`'s pipe, read without ever
+    waiting for the rest of one.
+
+    Each :meth:`read` is one ``os.read`` of what the pipe holds (up to ``chunk`` bytes); the bytes are
+    kept until a message is complete, and the complete ones are returned, unpickled. So the pipe may be
+    non-blocking (uvloop makes every descriptor it watches so, and leaves it so) and a message may be of
+    any size: a partial message is never an error, only the pipe's end (:attr:`ended`) is. The framing is
+    ``Connection.send``'s (CPython's ``Lib/multiprocessing/connection.py``, ``_send_bytes``): a 4-byte
+    big-endian signed length, or -1 and an 8-byte length for a message of 2 GiB or more, then the pickle,
+    unpickled as ``Connection.recv`` does (``ForkingPickler.loads``).
+
+    Windows' pipes are message pipes with no file descriptor: there each read is one whole
+    ``Connection.recv()`` (no event loop watches them).
+    """
+
+    chunk = 1 << 16  # a pipe's default capacity on Linux: one read empties it
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.fd = connection.fileno()
+        self.buffer = bytearray()
+        self.ended = False  # the writer closed its end (exited) and every whole message was read
+        self.last_data = time.monotonic()  # when a read last brought bytes
+
+    def read(self) -> list[Any]:
+        """The messages one read completes (often one, maybe none; blocks only on a blocking pipe that is
+        empty). At the pipe's end: sets :attr:`ended` and returns the last messages. CorruptOutput if a
+        message cannot be unpickled or the pipe ends inside one."""
+        if sys.platform == "win32":
+            try:
+                message = self.connection.recv()
+            except (EOFError, OSError):
+                self.ended = True
+                return []
+            self.last_data = time.monotonic()
+            return [message]
+        try:
+            data = os.read(self.fd, self.chunk)
+        except (BlockingIOError, InterruptedError):  # nothing there yet (a wake-up another reader took)
+            return []
+        except OSError:  # the descriptor is closed: nothing more will come
+            data = b""
+        if not data:
+            self.ended = True
+            if self.buffer:
+                raise CorruptOutput(f"the pipe ended inside a message ({len(self.buffer)} bytes of it arrived)")
+            return []
+        self.last_data = time.monotonic()
+        self.buffer += data
+        return self._whole_messages()
+
+    def _whole_messages(self) -> list[Any]:
+        buffer, start, messages = self.buffer, 0, []
+        with memoryview(buffer) as view:  # released before the buffer is resized below
+            while len(buffer) - start >= 4:
+                (size,) = struct.unpack_from("!i", buffer, start)
+                header = 4
+                if size == -1:
+                    if len(buffer) - start < 12:
+                        break
+                    (size,) = struct.unpack_from("!Q", buffer, start + 4)
+                    header = 12
+                elif size < 0:
+                    raise CorruptOutput(f"a message announced a length of {size} bytes")
+                end = start + header + size
+                if len(buffer) < end:
+                    break  # the rest is still on its way
+                try:
+                    messages.append(ForkingPickler.loads(view[start + header : end]))
+                except Exception as err:
+                    raise CorruptOutput(f"a message could not be unpickled: {type(err).__name__}: {err}") from None
+                start = end
+        if start:
+            del buffer[:start]
+        return messages
+
+
+def exit_words(exitcode: int | None) -> str:
+    """How a process ended, in words: ``exit code N``, and the signal's name when a signal killed it."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"exit code {exitcode}: killed by {name}"
+    return f"exit code {exitcode}"
+
+
 class EngineProcess:
     """A continuous-batching :class:`Engine` running in a child process; same arguments, same use.
 
@@ -83,6 +196,8 @@ class EngineProcess:
             shared with the child, not copied).
         max_batch_size, max_model_len, max_prefill_tokens, runner, prefix_cache_bytes: as for :class:`Engine`.
         start_timeout: seconds to wait for the child to build its engine.
+        wedged_after: seconds of silence from a core with requests open after which :meth:`health`
+            reports it wedged.
 
     Raises:
         EngineStartError: the engine core could not start (its error is in the message).
@@ -97,6 +212,7 @@ class EngineProcess:
         runner: str = "auto",
         start_timeout: float = START_TIMEOUT_S,
         prefix_cache_bytes: int = 0,
+        wedged_after: float = WEDGED_AFTER_S,
     ) -> None:
         import torch
 
@@ -157,6 +273,9 @@ class EngineProcess:
         self._reader: threading.Thread | None = None  # reads the core's pipe when no event loop does
         self._loop: asyncio.AbstractEventLoop | None = None  # the event loop that reads it instead
         self._gone = False  # the core's pipe reached its end and what was open is failed
+        self._frames = FrameReader(self._outputs)  # the handshake above read whole messages: nothing is left over
+        self.wedged_after = wedged_after
+        self._busy_since = time.monotonic()  # when the first of the requests open now was sent
 
     # --- the interface of Engine that the server uses -------------------------------------------
 
@@ -170,11 +289,13 @@ class EngineProcess:
         request = EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params)
         with self._lock:
             if self._stopping or not self.process.is_alive():
-                raise EngineStopped("the engine is shut down")
+                raise EngineStopped(self._why_stopped())
             if self._loop is None and self._reader is None:
                 name = f"course-engine-output-{self.process.pid}"
                 self._reader = threading.Thread(target=self._read_outputs, name=name, daemon=True)
                 self._reader.start()
+            if not self._open:
+                self._busy_since = time.monotonic()
             self._open[request.request_id] = request
             self._send(AddRequest(request.request_id, prompt_ids, params))
         return request
@@ -190,7 +311,7 @@ class EngineProcess:
             if self._reader is not None or self._loop is not None:
                 raise RuntimeError("read_outputs_on() must come before the first request, and only once")
             self._loop = loop
-        loop.add_reader(self._outputs.fileno(), self._read_one_on_loop)
+        loop.add_reader(self._frames.fd, self._read_one_on_loop)
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         """Stop a request; takes effect before the core's next decode step. Unknown ids are ignored."""
@@ -265,6 +386,29 @@ class EngineProcess:
             "engine_process": self.process.pid,
         }
 
+    def health(self) -> str | None:
+        """None while the core lives and answers; otherwise why not, in words (the server's ``/health``
+        answers 503 with it): it exited (how), it is shutting down, or it has requests open and has sent
+        nothing for more than ``wedged_after`` seconds."""
+        if self._gone or not self.process.is_alive() or self._stopping:
+            return self._why_stopped()
+        silent = time.monotonic() - max(self._frames.last_data, self._busy_since)
+        open_now = self.num_unfinished
+        if open_now and silent > self.wedged_after:
+            return (
+                f"the engine core process (pid {self.process.pid}) has {open_now} requests open and has sent "
+                f"nothing for {silent:.0f} s (more than {self.wedged_after:g} s): it is wedged"
+            )
+        return None
+
+    def _why_stopped(self) -> str:
+        """Why this engine takes no requests: the core's death (how it ended), or a shutdown."""
+        if self.last_error is not None:
+            return self.last_error
+        if not self._stopping and not self.process.is_alive():
+            return f"the engine core process exited ({exit_words(self.process.exitcode)}); restart the server"
+        return "the engine is shut down"
+
     # --- reading the core's events: on the event loop, or on a reader thread ----------------------
 
     def _send(self, message: Command) -> None:
@@ -273,26 +417,41 @@ class EngineProcess:
             self._commands.send(message)
 
     def _receive_or_none(self) -> CoreOutput | None:
+        """One whole message, waiting for it (only for the handshake, before anything else reads the pipe)."""
         try:
             return self._outputs.recv()
         except (EOFError, OSError):
             return None
 
+    def _pump(self) -> bool:
+        """Read what the pipe holds and hand over every message it completes; False once the pipe ended
+        (the core exited, or sent something unreadable: then it is stopped) and what was open is failed."""
+        try:
+            messages = self._frames.read()
+        except CorruptOutput as err:
+            messages, broken = [], f"the engine core's output could not be read ({err})"
+        else:
+            broken = None
+        for message in messages:
+            self._handle(message)
+        if broken is None and not self._frames.ended:
+            return True
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError, ValueError, OSError):  # the loop may be closed already
+                self._loop.remove_reader(self._frames.fd)
+        self._core_gone(broken)
+        return False
+
     def _read_outputs(self) -> None:
         """The reader thread: hand each message's events to their requests until the core exits."""
-        while (message := self._receive_or_none()) is not None:
-            self._handle(message)
-        self._core_gone()
+        while self._pump():
+            pass
 
     def _read_one_on_loop(self) -> None:
-        """The event loop's callback when the pipe is readable: one message (the loop calls again
-        while more are waiting)."""
-        message = self._receive_or_none()
-        if message is None:
-            self._loop.remove_reader(self._outputs.fileno())
-            self._core_gone()
-        else:
-            self._handle(message)
+        """The event loop's callback when the pipe is readable: what it holds now (the loop calls
+        again while more is waiting; a message that has not wholly arrived waits in the reader)."""
+        if not self._gone:
+            self._pump()
 
     def _reads_here(self) -> bool:
         """Whether this thread may read the pipe in the event loop's place: it is the loop's own
@@ -305,16 +464,9 @@ class EngineProcess:
 
     def _read_until_end(self, deadline: float) -> None:
         """Read and hand over messages until the core's pipe ends (the core exited) or ``deadline``."""
-        if self._gone:
-            return
-        while (left := deadline - time.monotonic()) > 0 and self._outputs.poll(left):
-            message = self._receive_or_none()
-            if message is None:
-                with contextlib.suppress(RuntimeError, ValueError):  # the loop may be closed already
-                    self._loop.remove_reader(self._outputs.fileno())
-                self._core_gone()
-                return
-            self._handle(message)
+        while not self._gone and (left := deadline - time.monotonic()) > 0:
+            if multiprocessing.connection.wait([self._outputs], left):
+                self._pump()
 
     def _handle(self, message: StepOutputs) -> None:
         """One message from the core: its events to their requests, and its counter snapshot."""
@@ -337,18 +489,27 @@ class EngineProcess:
                 self._stats = message.stats
         deliver(pending)
 
-    def _core_gone(self) -> None:
-        """The core's pipe ended: fail every open request (503 after stop(), else 500)."""
+    def _core_gone(self, broken: str | None = None) -> None:
+        """The core's pipe ended (or ``broken`` says why it cannot be read): fail every open request,
+        with 503 after stop(), else 500 saying how the core ended; a core that still runs is killed."""
+        if self._gone:
+            return
         self._gone = True
-        self.process.join(5)
-        if self._stopping:
+        self.process.join(1 if broken is None else 0)  # its pipe ended: it is exiting
+        if self.process.is_alive():  # an unreadable pipe, or a core that closed it and lives on: of no use
+            self.process.kill()
+            self.process.join(5)
+        if self._stopping and broken is None:
             event = TokenEvent(None, "error", "the engine is shut down", 503)
         else:
-            self.last_error = f"the engine core process exited (exit code {self.process.exitcode})"
+            how = broken or f"the engine core process exited ({exit_words(self.process.exitcode)})"
+            self.last_error = f"{how}; restart the server"
             event = TokenEvent(None, "error", self.last_error, 500)
         with self._lock:
             self._stopping = True
             left, self._open = list(self._open.values()), {}
+        if event.status == 500:
+            logger.error("%s: %d open requests failed, new ones get 503", self.last_error, len(left))
         for request in left:
             request.finish_reason, request.error = event.finish_reason, event.error
         deliver([(request, event) for request in left])

@@ -435,7 +435,13 @@ class OpenAIRoutes:
         return self._model_card(model_id)
 
     async def health(self):
-        return {"status": "ok", "model": self.name, **self.engine.stats()}
+        """200 and the engine's counters while it runs; 503 with ``"status": "error"`` and the engine's own
+        words (``reason``) when it is dead, shutting down or wedged (vLLM answers 503 when its engine is dead)."""
+        reason = self.engine.health()
+        body = {"status": "ok" if reason is None else "error", "model": self.name, **self.engine.stats()}
+        if reason is None:
+            return body
+        return JSONResponse({**body, "reason": reason}, status_code=503)
 
     async def prometheus_metrics(self):
         from course.serving.api.prometheus import CONTENT_TYPE

@@ -163,10 +163,10 @@ def summary() -> None:
     print("Your predictions and what this runtime measured:")
     for question, entry in _BOOK.items():
         p = entry.prediction
-        guess = "no prediction" if p.value is None else _show(p, p.value)
-        got = "not measured" if entry.measured is None else _show(p, entry.measured)
+        guess = "no prediction" if p.value is None else f"predicted {_show(p, p.value)}"
+        got = "not measured" if entry.measured is None else f"measured {_show(p, entry.measured)}"
         late = " [written after the run]" if entry.written_after else ""
-        print(f"  {question}: predicted {guess}; measured {got}{late}")
+        print(f"  {question}: {guess}; {got}{late}")
 
 
 def reset() -> None:
@@ -205,4 +205,6 @@ def _show(prediction: Prediction, value: float | str) -> str:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:,.3g}" if abs(x) < 1e4 else f"{x:,.0f}"
+    if float(x).is_integer() and abs(x) < 1e9:
+        return f"{int(x):,}"
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"

@@ -97,7 +97,14 @@ def test_summary_lists_every_prediction_in_order(capsys):
     predict.summary()
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].strip() == "first: predicted 1 ms; measured 2 ms"
-    assert lines[2].strip() == "second: predicted no prediction; measured not measured"
+    assert lines[2].strip() == "second: no prediction; not measured"
+
+
+def test_numbers_are_printed_plainly():
+    assert predict.comparison_line(predict.Prediction("q", predict.NUMBER, 1000.0, "x"), 1234.5).startswith(
+        "Predicted 1,000 x, measured 1,234 x"
+    )
+    assert "0.125" in predict.comparison_line(predict.Prediction("q", predict.NUMBER, 0.125), 0.5)
 
 
 def test_bad_calls_raise():

@@ -81,6 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     if "-f" not in argv:
         raise SystemExit("usage: python -m autograder.kernel -f CONNECTION_FILE [ipykernel options]")
     position = argv.index("-f") + 1
+    if os.geteuid() == 0 and not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)):
+        # Started as root with the working directory (the notebook's folder, writable by the student)
+        # on sys.path, any module imported from here on could be the student's: refuse.
+        raise SystemExit("autograder.kernel must be started as root with `python -I` (see autograder.sandbox)")
     limits = json.loads(os.environ.pop("AUTOGRADER_KERNEL_LIMITS", "{}") or "{}")
     uid = os.environ.pop("AUTOGRADER_KERNEL_UID", "")
     if uid and os.geteuid() == 0:

@@ -17,7 +17,12 @@ What the sandbox gives student code (the kernel):
 * limits: address space, CPU seconds, processes, file size and open files per kernel; size-limited
   tmpfs for every writable place; a per-cell timeout; a wall-clock limit for the whole job, after
   which the whole process tree is killed;
-* no view of other processes (a new PID namespace), no host environment variables.
+* no view of other processes (a new PID namespace), no host environment variables;
+* nothing it writes is ever run with more privileges than its own: every Python the grader starts
+  runs isolated (``python -I``: no working directory on ``sys.path``), so a module planted in the
+  notebook's folder is never imported by the root launcher that restarts a crashed kernel; and root
+  inside the sandbox keeps only the capabilities it needs to start and stop the kernel's user
+  (no mounting, no tracing), so even code that ran there as root could not remount anything.
 
 Without bubblewrap (``sandbox="none"``: another OS, or not root) the same job runs unconfined,
 with the same resilient execution and resource limits but none of the isolation.
@@ -50,6 +55,23 @@ LOCK_DIR_ENV = "AUTOGRADER_LOCK_DIR"
 MAX_NOTEBOOK_BYTES = 256 * 2**20
 GiB = 2**30
 MiB = 2**20
+# Every Python the grader starts as root runs isolated: no current directory or script folder on
+# sys.path, no PYTHON* variables, no user site-packages. The kernel starts in the notebook's folder,
+# which the student's code can write to: without -I, `python -m autograder.kernel` would import a
+# planted ./autograder/kernel.py as root. -B: nothing writes bytecode into the read-only mounts.
+PYTHON_FLAGS = ("-I", "-B")
+# The only capabilities root keeps inside the sandbox: what it needs to start the kernel as the slot's
+# user and to stop that user's processes. Mounting (CAP_SYS_ADMIN), tracing, raw I/O and the rest are
+# gone, so even code that ran as root there could not remount a read-only bind mount writable.
+SANDBOX_CAPABILITIES = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+)
 
 
 @dataclass
@@ -204,6 +226,9 @@ def _package_dirs() -> list[str]:
 
 def _bwrap_command(job_dir: Path, limits: Limits) -> list[str]:
     command = ["bwrap", "--die-with-parent", "--new-session", "--unshare-net", "--unshare-pid", "--unshare-ipc"]
+    command += ["--cap-drop", "ALL"]
+    for capability in SANDBOX_CAPABILITIES:
+        command += ["--cap-add", capability]
     command += ["--unshare-uts", "--unshare-cgroup-try", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
@@ -286,7 +311,7 @@ def run_job(job: Job, job_dir: Path, slot: int = 0, sandbox: str = "bwrap") -> J
         "python": sys.executable,
     }
     (inbox / "job.json").write_text(json.dumps(spec))
-    entry = [sys.executable, "-m", "autograder.sandbox", "run-job"]
+    entry = [sys.executable, *PYTHON_FLAGS, "-m", "autograder.sandbox", "run-job"]
     if sandbox == "bwrap":
         command = _bwrap_command(job_dir, job.limits) + entry + ["/input", "/grading", "/output"]
     else:
@@ -397,7 +422,7 @@ def _kernelspec(spec: dict, root: Path) -> Path:
     folder = root / "jupyter" / "kernels" / KERNEL_NAME
     folder.mkdir(parents=True, exist_ok=True)
     kernel = {
-        "argv": [spec["python"], "-m", "autograder.kernel", "-f", "{connection_file}"],
+        "argv": [spec["python"], *PYTHON_FLAGS, "-m", "autograder.kernel", "-f", "{connection_file}"],
         "display_name": "Python 3 (grading sandbox)",
         "language": "python",
         "interrupt_mode": "signal",

@@ -97,7 +97,12 @@ def test_root_inside_the_sandbox_cannot_remount_or_trace(tmp_path):
     job = tmp_path / "job"
     for folder in (job / "in", job / "out"):
         folder.mkdir(parents=True)
-    command = _bwrap_command(job, Limits()) + [sys.executable, *PYTHON_FLAGS, "-c", ROOT_PROBE + "print(json.dumps(seen))"]
+    command = _bwrap_command(job, Limits()) + [
+        sys.executable,
+        *PYTHON_FLAGS,
+        "-c",
+        ROOT_PROBE + "print(json.dumps(seen))",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])

@@ -170,20 +170,28 @@ class Engine:
 
     # --- public API (any thread) --------------------------------------------------------------
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> EngineRequest:
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> EngineRequest:
         """Queue a request; iterate over the returned request to receive its tokens.
 
         Consume the events with ``for`` (plain code, any thread) or ``async for`` (a coroutine).
         ValueError (:func:`~course.serving.engine_client.checked_prompt`) for a prompt this engine cannot run.
+        ``cache_salt``: only requests with the same salt share prefix-cache blocks (None: unsalted).
         """
         prompt_ids = checked_prompt(prompt_ids, params, self.max_model_len, self.lm.vocab_size)
-        return self.add_request(EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params))
+        request = EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params, cache_salt)
+        return self.add_request(request)
 
     def add_request(self, request: EngineRequest) -> EngineRequest:
         """Queue a request whose prompt was checked already (:func:`checked_prompt`, in :meth:`submit`
         or in the :class:`~course.serving.engine_process.EngineProcess` that sent it to this engine)."""
         if self.prefix_cache is not None:  # hashed here, on the caller's thread, not in the engine loop
-            request.block_hashes = self.prefix_cache.hashes(request.prompt_ids)
+            request.block_hashes = self.prefix_cache.hashes(request.prompt_ids, request.cache_salt)
         if not self.scheduler.num_unfinished:
             self._progress = time.monotonic()  # an idle engine's silence so far is not a stall
         self.scheduler.add(request)

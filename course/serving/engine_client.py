@@ -35,9 +35,16 @@ class EngineClient(Protocol):
     max_batch_size: int
     max_model_len: int
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> EngineRequest:
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> EngineRequest:
         """Queue a request (its prompt checked by :func:`checked_prompt`: ValueError otherwise); iterate
-        over the returned request, with ``for`` or ``async for``, for its events."""
+        over the returned request, with ``for`` or ``async for``, for its events. ``cache_salt``: only
+        requests with the same salt share prefix-cache blocks (vLLM's ``cache_salt``; None: unsalted)."""
         ...
 
     def abort(self, request_id: str, reason: str = "abort") -> None:

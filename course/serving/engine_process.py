@@ -279,14 +279,20 @@ class EngineProcess:
 
     # --- the interface of Engine that the server uses -------------------------------------------
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None) -> EngineRequest:
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> EngineRequest:
         """Queue a request in the core; iterate over the returned request to receive its tokens.
 
         The prompt is checked here (:func:`~course.serving.engine_client.checked_prompt`: ValueError), once:
         the core queues what it receives as it is.
         """
         prompt_ids = checked_prompt(prompt_ids, params, self.max_model_len, self.lm.vocab_size)
-        request = EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params)
+        request = EngineRequest(request_id or f"req-{next(self._ids)}", prompt_ids, params, cache_salt)
         with self._lock:
             if self._stopping or not self.process.is_alive():
                 raise EngineStopped(self._why_stopped())
@@ -297,7 +303,7 @@ class EngineProcess:
             if not self._open:
                 self._busy_since = time.monotonic()
             self._open[request.request_id] = request
-            self._send(AddRequest(request.request_id, prompt_ids, params))
+            self._send(AddRequest(request.request_id, prompt_ids, params, cache_salt))
         return request
 
     def read_outputs_on(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -586,9 +592,9 @@ def _readable_now(connection: Connection) -> Callable[[], bool]:
 def _apply(engine: Engine, command: Command, collect) -> bool:
     """Carry out one command from the server; True if it was :class:`Shutdown`."""
     match command:
-        case AddRequest(request_id, prompt_ids, params):
+        case AddRequest(request_id, prompt_ids, params, cache_salt):
             try:  # checked by EngineProcess.submit already: queued as it is
-                engine.add_request(EngineRequest(request_id, prompt_ids, params))
+                engine.add_request(EngineRequest(request_id, prompt_ids, params, cache_salt))
             except (ValueError, EngineStopped) as err:  # a request id already running, a stopping engine
                 status = 503 if isinstance(err, EngineStopped) else 500
                 collect([(EngineRequest(request_id, [], params), TokenEvent(None, "error", str(err), status))])

@@ -33,6 +33,7 @@ class AddRequest:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    cache_salt: str | None = None  # the prefix cache's salt (vLLM's cache_salt), None: unsalted
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,13 @@ the same tokens in the same place. The rules, from ``vllm/v1/core/kv_cache_utils
   ``hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys))``), so one hash names the
   whole prefix up to the end of its block: a token changed anywhere changes the hash of its block and of
   every block after it. The first block's parent is ``NONE_HASH``; ``extra_keys`` carry LoRA names,
-  multimodal inputs and a ``cache_salt`` (none here, so ``None``);
+  multimodal inputs and a request's ``cache_salt`` (none of the first two here, so ``None`` for every
+  block of an unsalted prompt);
+* a request's ``cache_salt`` goes into the extra keys of its **first block only**, as
+  ``(("cache_salt", salt),)`` (``generate_block_hash_extra_keys``: ``if start_token_idx == 0 and
+  request.cache_salt``); every later block's hash chains to the first, so a salt changes the hash of every
+  block, and two requests share blocks only if they send the same salt (or none). An empty salt counts as
+  none; the server refuses one anyway, as vLLM's ``validate_cache_salt`` does;
 * the default hash function is ``sha256`` (``prefix_caching_hash_algo``; ``vllm/utils/hashing.py``:
   SHA-256 of the pickled tuple), and ``NONE_HASH`` is ``sha256("vllm-none-hash")``, or ``sha256`` of
   ``$PYTHONHASHSEED`` when that is set (``init_none_hash``), so the hashes here are byte for byte vLLM's
@@ -56,6 +62,7 @@ __all__ = [
     "cache_hit_blocks",
     "hash_block_tokens",
     "none_hash",
+    "salt_keys",
     "sha256",
 ]
 
@@ -78,17 +85,25 @@ def hash_block_tokens(parent: bytes | None, tokens: Sequence[int], extra_keys: t
     return sha256((parent or none_hash(), tuple(int(t) for t in tokens), extra_keys))
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int = BLOCK_SIZE) -> list[bytes]:
+def salt_keys(cache_salt: str | None) -> tuple | None:
+    """The extra keys of a prompt's first block for ``cache_salt`` (None: unsalted, and so is ""), as
+    ``generate_block_hash_extra_keys`` makes them: ``(("cache_salt", salt),)``."""
+    return (("cache_salt", cache_salt),) if cache_salt else None
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int = BLOCK_SIZE, cache_salt: str | None = None) -> list[bytes]:
     """The chained hashes of the full blocks of ``token_ids`` (``len(token_ids) // block_size`` of
-    them; a partial last block gets none), as ``get_request_block_hasher`` computes a request's."""
+    them; a partial last block gets none), as ``get_request_block_hasher`` computes a request's;
+    ``cache_salt`` goes into the first block's hash (:func:`salt_keys`), and so into every hash after it."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    first = none_hash()  # computed once per prompt, not once per block
     hashes: list[bytes] = []
-    parent = first
+    parent = none_hash()  # computed once per prompt, not once per block
+    extra_keys = salt_keys(cache_salt)
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = sha256((parent, tuple(int(t) for t in token_ids[start : start + block_size]), None))
+        parent = sha256((parent, tuple(int(t) for t in token_ids[start : start + block_size]), extra_keys))
         hashes.append(parent)
+        extra_keys = None  # the salt is in the first block's hash only; the chain carries it on
     return hashes
 
 
@@ -136,9 +151,9 @@ class PrefixCache:
     def __contains__(self, block_hash: bytes) -> bool:
         return block_hash in self._blocks
 
-    def hashes(self, token_ids: Sequence[int]) -> list[bytes]:
-        """The chained hashes of the full blocks of ``token_ids``."""
-        return block_hashes(token_ids, self.block_size)
+    def hashes(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
+        """The chained hashes of the full blocks of ``token_ids``, salted with ``cache_salt`` (None: unsalted)."""
+        return block_hashes(token_ids, self.block_size, cache_salt)
 
     def lookup(self, hashes: Sequence[bytes], num_tokens: int) -> list[Any]:
         """The cached blocks of the longest cached prefix of a prompt of ``num_tokens`` tokens whose

@@ -124,7 +124,9 @@ class EngineRequest:
     within one decode step.
     """
 
-    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+    def __init__(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, cache_salt: str | None = None
+    ) -> None:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.params = params
@@ -140,6 +142,7 @@ class EngineRequest:
         self.num_computed_tokens = 0  # prompt tokens in its KV cache (a chunked prefill's progress)
         self.prefill_cache = None  # the KV cache of its prompt while partly prefilled, kept between iterations
         self.block_hashes: list[bytes] = []  # chained hashes of its prompt's full blocks (with prefix caching)
+        self.cache_salt = cache_salt  # salts those hashes: only requests with the same salt share cached blocks
         self.sink = EventSink()
 
     @property

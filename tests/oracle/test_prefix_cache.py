@@ -46,6 +46,20 @@ def test_block_hashes_are_byte_identical_to_vllms(vllm_hasher):
         assert _request(f"h{n}", tokens, vllm_hasher).block_hashes == block_hashes(tokens), n
 
 
+def test_salted_block_hashes_are_byte_identical_to_vllms(vllm_hasher):
+    """A request's cache_salt goes into its first block's extra keys (``generate_block_hash_extra_keys``)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    rng = random.Random(1)
+    tokens = [rng.randrange(0, 2048) for _ in range(3 * BLOCK_SIZE + 7)]
+    for salt in ("tenant-a", "b", "key-" + "0" * 64 + "@s"):
+        params = SamplingParams(max_tokens=1, ignore_eos=True)
+        theirs = Request("s", tokens, params, None, arrival_time=0.0, block_hasher=vllm_hasher, cache_salt=salt)
+        assert theirs.block_hashes == block_hashes(tokens, cache_salt=salt), salt
+        assert theirs.block_hashes[0] != block_hashes(tokens)[0]
+
+
 def _scheduler(model_dir):
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler

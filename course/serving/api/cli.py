@@ -95,8 +95,28 @@ def _add_deployment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("COURSE_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $COURSE_API_KEY; none = open)",
+        nargs="+",
+        default=[os.environ["COURSE_API_KEY"]] if os.environ.get("COURSE_API_KEY") else None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1 routes; several keys (one per tenant) accept any of "
+        "them, as vLLM's --api-key (default: $COURSE_API_KEY; none = open)",
+    )
+    parser.add_argument(
+        "--cache-isolation",
+        choices=["shared", "per-key"],
+        default="shared",
+        help="with --enable-prefix-caching: shared (vLLM's behaviour: requests share cached prompt blocks unless "
+        "their cache_salt differs) or per-key (each API key's requests are also salted with the key, so tenants "
+        "never share a block and none can tell from a cache hit what another sent; needs --api-key) "
+        "(default shared)",
+    )
+    parser.add_argument(
+        "--metrics-api-key",
+        default=os.environ.get("COURSE_METRICS_API_KEY"),
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on GET /metrics, a key for the operator's scraper (tenants' "
+        "--api-key keys do not open it); default: $COURSE_METRICS_API_KEY; none = open, as in vLLM, where the "
+        "prefix-cache counters show every client how many prompt tokens hit the cache",
     )
     parser.add_argument("--access-log", action="store_true", help="log one line per request (status, ms, tokens)")
     parser.add_argument(
@@ -175,6 +195,10 @@ def serve(args: argparse.Namespace) -> int:
     if args.prefix_cache_gib < 0:
         print(f"course serve: error: --prefix-cache-gib must be >= 0, got {args.prefix_cache_gib:g}", file=sys.stderr)
         return 2
+    if args.cache_isolation == "per-key" and not args.api_key:
+        print("course serve: error: --cache-isolation per-key needs the tenants' keys (--api-key KEY [KEY ...])",
+              file=sys.stderr)  # fmt: skip
+        return 2
     try:
         app = _build_app(args, _load_model(args))
     except (ModelUnavailable, EngineStartError) as err:
@@ -217,6 +241,8 @@ def _build_app(args: argparse.Namespace, lm):
         max_waiting_requests=args.max_waiting_requests,
         default_max_tokens=args.default_max_tokens or None,
         api_key=args.api_key,
+        cache_isolation=args.cache_isolation,
+        metrics_api_key=args.metrics_api_key,
         access_log=args.access_log,
         runner=args.runner,
         engine_process=args.engine_core == "process",
@@ -265,7 +291,9 @@ def _announce(args: argparse.Namespace, app) -> None:
     print(
         f"serving {app.state.model_name} on http://{args.host}:{args.port}/v1 (max batch {engine.max_batch_size}, "
         f"context {engine.max_model_len} tokens, {engine.runner.name} runner, engine core in a {args.engine_core}, "
-        f"prefix caching {engine.stats().get('prefix_caching', 'off')}, "
+        f"prefix caching {engine.stats().get('prefix_caching', 'off')}"
+        f"{' isolated per API key' if args.cache_isolation == 'per-key' else ''}, "
+        f"/metrics {'behind --metrics-api-key' if args.metrics_api_key else 'open'}, "
         f"{torch.get_num_threads()} CPU threads); "
         "Ctrl-C stops",
         flush=True,

@@ -2,8 +2,14 @@
 request ids, the access log, the limits on a request's body and on the waiting queue, and client
 disconnects logged as one line.
 
-* ``api_key``: ``Authorization: Bearer <key>`` required on the ``/v1`` routes, as vLLM's ``--api-key``;
-  a request with more than one ``Authorization`` header is refused (which one counts would be a guess);
+* ``api_key``: ``Authorization: Bearer <key>`` required on the ``/v1`` routes, as vLLM's ``--api-key``
+  (one key, or several: one per tenant, any of them accepted, as vLLM 0.32 accepts a list); the key a
+  request used is its tenant (:func:`tenant_of`, recorded in the scope's state), which per-key prefix-cache
+  isolation salts its blocks with (:func:`tenant_salt`); a request with more than one ``Authorization``
+  header is refused (which one counts would be a guess);
+* ``metrics_api_key``: ``GET /metrics`` then needs ``Authorization: Bearer <that key>`` (a tenant's key
+  does not open it): vLLM leaves ``/metrics`` open, and its prefix-cache counters tell anyone who can read
+  them how many prompt tokens hit the cache;
 * ``X-Request-Id`` taken from the request (visible ASCII, at most 128 characters) or made up, and
   echoed on the response;
 * one access-log line per request (``access_log=True``, logger ``course.serving.access``), every
@@ -16,12 +22,14 @@ disconnects logged as one line.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import secrets
 import time
 import unicodedata
 import uuid
+from collections.abc import Sequence
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -87,6 +95,26 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def tenant_of(key: str) -> str:
+    """A tenant's identity: the SHA-256 of its API key, in hex (the key itself is never kept or logged)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def tenant_salt(tenant: str, cache_salt: str | None) -> str:
+    """The prefix-cache salt of a request of ``tenant`` under per-key isolation: its tenant, then its own
+    ``cache_salt`` (if any) after an ``@``. A client's salt cannot contain ``@`` (vLLM refuses it), so no
+    salt a client sends, and no other tenant's, can equal this one."""
+    return f"key-{tenant}@{cache_salt or ''}"
+
+
+def api_keys(api_key: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The accepted keys, from one key, several, or None (no key needed); ValueError for an empty key."""
+    keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
+    if any(not key for key in keys):
+        raise ValueError("an API key must not be empty")
+    return keys
+
+
 def overload_refusal(waiting: int, limit: int | None) -> JSONResponse | None:
     """503 with ``Retry-After`` when ``waiting`` requests wait already and ``limit`` is reached (None: room)."""
     if limit is None or waiting < limit:
@@ -108,9 +136,17 @@ class OperatorMiddleware:
     ``course.serving.server``; a failed write to it never becomes a traceback.
     """
 
-    def __init__(self, app, api_key: str | None, access_log: bool) -> None:
+    def __init__(
+        self,
+        app,
+        api_key: str | Sequence[str] | None,
+        access_log: bool,
+        metrics_api_key: str | None = None,
+    ) -> None:
         self.app, self.access_log = app, access_log
-        self.api_key = f"Bearer {api_key}".encode() if api_key else None
+        # (digest of "Bearer <key>", tenant) per key: every key is compared, in constant time, as vLLM does
+        self.api_keys = [(_digest(f"Bearer {key}".encode()), tenant_of(key)) for key in api_keys(api_key)]
+        self.metrics_key = _digest(f"Bearer {metrics_api_key}".encode()) if metrics_api_key else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -123,7 +159,7 @@ class OperatorMiddleware:
         start, status = time.perf_counter(), [0]
         send_with_id = _sender_with_id(send, request_id, status)
         try:
-            refusal = self._refusal(scope["path"], raw_headers, headers)
+            refusal = self._refusal(scope["path"], raw_headers, headers, state)
             if refusal is not None:
                 await refusal(scope, receive, send_with_id)
             else:
@@ -133,17 +169,36 @@ class OperatorMiddleware:
         finally:
             self._log(scope, state, request_id, status[0], start)
 
-    def _refusal(self, path: str, raw_headers: list, headers: dict) -> JSONResponse | None:
+    def _refusal(self, path: str, raw_headers: list, headers: dict, state: dict) -> JSONResponse | None:
         """The answer to a request the routes must not see (400: several Authorization headers;
-        401: a wrong or missing API key on a ``/v1`` route), or None."""
+        401: a wrong or missing API key on a ``/v1`` route, or a wrong or missing metrics key on
+        ``/metrics``), or None; an accepted API key's tenant goes into ``state["tenant"]``."""
         authorizations = sum(1 for name, _ in raw_headers if name == b"authorization")
         if authorizations > 1:  # which one counts would be a guess: refuse (RFC 9110 allows one)
             message = f"The request has {authorizations} Authorization headers; send exactly one."
             return JSONResponse(error_body(message, "BadRequestError"), status_code=400)
-        if self.api_key and path.startswith("/v1") and not _same(headers.get(b"authorization"), self.api_key):
-            message = "Invalid or missing API key: send 'Authorization: Bearer <key>'."
+        given = headers.get(b"authorization")
+        if self.metrics_key is not None and path == "/metrics" and not _same(given, self.metrics_key):
+            message = "Invalid or missing metrics key: send 'Authorization: Bearer <metrics key>'."
             return JSONResponse(error_body(message, "AuthenticationError", code=401), status_code=401)
+        if self.api_keys and path.startswith("/v1"):
+            tenant = self._tenant(given)
+            if tenant is None:
+                message = "Invalid or missing API key: send 'Authorization: Bearer <key>'."
+                return JSONResponse(error_body(message, "AuthenticationError", code=401), status_code=401)
+            state["tenant"] = tenant
         return None
+
+    def _tenant(self, given: bytes | None) -> str | None:
+        """The tenant whose key ``given`` (an Authorization header's value) is, or None; every key is
+        compared, so the time taken does not tell which key came close."""
+        if given is None:
+            return None
+        digest, found = _digest(given), None
+        for key, tenant in self.api_keys:
+            if secrets.compare_digest(digest, key):
+                found = tenant
+        return found
 
     def _log(self, scope, state: dict, request_id: str, status: int, start: float) -> None:
         """The request's log lines: that its client went away (if it did), its access-log line (if on)."""
@@ -191,5 +246,10 @@ def _sender_with_id(send, request_id: str, status: list[int]):
     return send_with_id
 
 
+def _digest(value: bytes) -> bytes:
+    return hashlib.sha256(value).digest()
+
+
 def _same(given: bytes | None, expected: bytes) -> bool:
-    return given is not None and secrets.compare_digest(given, expected)
+    """Whether an Authorization value matches a key's digest (:func:`_digest`), in constant time."""
+    return given is not None and secrets.compare_digest(_digest(given), expected)

@@ -15,7 +15,9 @@ Follows vLLM 0.11 (``vllm/entrypoints/openai/``) and the OpenAI API reference:
 Sampling fields are honoured as vLLM honours them (``temperature``, ``top_p``, ``top_k``, ``seed``,
 ``stop``, ``stop_token_ids``, ``ignore_eos``, ``logit_bias``, the presence / frequency / repetition
 penalties), and ``logprobs`` / ``top_logprobs`` (the model's raw log-probabilities, as vLLM's
-default), and ``echo`` (the prompt's text before the completion's). OpenAI fields this server does
+default), and ``echo`` (the prompt's text before the completion's); so is vLLM's ``cache_salt`` (checked
+as vLLM checks it, and hashed into the prompt's prefix-cache blocks as vLLM hashes it, so that only
+requests with the same salt share cached blocks). OpenAI fields this server does
 not implement (``echo`` together with ``logprobs``, ``suffix``, ``best_of`` > 1,
 ``response_format`` other than text, ``tools``) and vLLM's extras that it does not implement
 (``min_p``, ``min_tokens``, ``guided_json``, ...) are accepted at their "off" value and otherwise
@@ -97,6 +99,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     echo: str | None = None  # completions with echo: the prompt's text, sent before the completion's
     sampling: SamplingParams | None = None  # what the engine runs (None: greedy up to max_tokens)
+    cache_salt: str | None = None  # vLLM's cache_salt: only requests with the same salt share prefix-cache blocks
 
     def __post_init__(self) -> None:
         if self.sampling is None:
@@ -153,6 +156,28 @@ def _json_type(kind: type) -> str:
 def _describe(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+# vLLM 0.32's limits on a cache_salt (vllm/entrypoints/generate/base/protocol.py, validate_cache_salt): a
+# non-empty string of at most 128 characters without any of these
+CACHE_SALT_MAX_CHARS = 128
+CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def check_cache_salt(value: Any) -> str | None:
+    """A request's ``cache_salt`` as vLLM 0.32's ``validate_cache_salt`` accepts it (None if absent), else
+    BadRequest in vLLM's words: not a string or empty; longer than 128 characters or holding ``@``, ``/``,
+    ``\\`` or NUL."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+    if len(value) > CACHE_SALT_MAX_CHARS or any(char in CACHE_SALT_FORBIDDEN for char in value):
+        raise BadRequest(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL.",
+            "cache_salt",
+        )
+    return value
 
 
 # Stop strings are searched in the text of every chunk, so their number and length bound the work
@@ -267,6 +292,7 @@ def _common(
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids):
         raise BadRequest("'stop_token_ids' must be an array of integers", "stop_token_ids")
     _refuse_unsupported(body, kind)
+    cache_salt = check_cache_salt(body.get("cache_salt"))
     return GenerationRequest(
         kind=kind,
         model=_check_model(body, ctx),
@@ -277,6 +303,7 @@ def _common(
         continuous_usage=bool(stream and continuous),
         stop=stop,
         sampling=_sampling(body, ctx, kind, max_tokens, tuple(stop_token_ids)),
+        cache_salt=cache_salt,
     )
 
 

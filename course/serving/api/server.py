@@ -21,9 +21,16 @@ stops the engine: every open stream ends with an error event and ``[DONE]``, eve
 non-streaming request gets a 503, and uvicorn then finds no connection left to cancel.
 
 Operator features (:mod:`course.serving.api.operator`): ``api_key`` (``Authorization: Bearer``, as
-vLLM's ``--api-key``, for the ``/v1`` routes), ``X-Request-Id`` taken from the request or made up, and
-echoed on the response, and one access-log line per request (``access_log=True``, logger
-``course.serving.access``).
+vLLM's ``--api-key``, for the ``/v1`` routes; one key or one per tenant), ``X-Request-Id`` taken from the
+request or made up, and echoed on the response, and one access-log line per request (``access_log=True``,
+logger ``course.serving.access``).
+
+Tenants and the prefix cache: a request's ``cache_salt`` (vLLM's field) salts its prompt's block hashes,
+so only requests with the same salt share cached blocks. With ``cache_isolation="per-key"`` every request
+is salted with its API key's identity too (:func:`~course.serving.api.operator.tenant_salt`): tenants never
+share a block, so none can learn from a cache hit (its time to first token, or ``/metrics``' hit counter)
+which prompts another sent. ``metrics_api_key`` puts ``/metrics`` behind a key of its own (vLLM leaves it
+open: its prefix-cache counters are everyone's).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,7 +48,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from course.models import LanguageModel
-from course.serving.api.operator import OperatorMiddleware, overload_refusal, read_body
+from course.serving.api.operator import OperatorMiddleware, api_keys, overload_refusal, read_body, tenant_salt
 from course.serving.api.protocol import (
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -135,14 +142,23 @@ def _failure_body(message: str, status: int) -> dict:
 class _Generation:
     """One request's way through the engine: detokenization, stop strings, the chunks, its metrics."""
 
-    def __init__(self, engine: EngineClient, request: GenerationRequest, tokenizer, metrics=None, state=None) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        request: GenerationRequest,
+        tokenizer,
+        metrics=None,
+        state=None,
+        cache_salt: str | None = None,
+    ) -> None:
         self.engine = engine
         self.request = request
         self.writer = ChunkWriter(request)
         self.detok = IncrementalDetokenizer(tokenizer, request.prompt_ids)
+        salted = {} if cache_salt is None else {"cache_salt": cache_salt}  # an engine without salts is served too
         try:
             self.engine_request: EngineRequest = engine.submit(
-                request.prompt_ids, request.sampling, request_id=self.writer.id
+                request.prompt_ids, request.sampling, request_id=self.writer.id, **salted
             )
         except ValueError as err:  # the engine's check of the prompt (checked_prompt): vLLM's 400
             raise BadRequest(str(err), "messages" if request.kind == "chat" else "prompt") from None
@@ -259,11 +275,13 @@ def create_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_waiting_requests: int | None = None,
     default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     access_log: bool = False,
     runner: str = "auto",
     engine_process: bool = False,
     prefix_cache_bytes: int | None = None,
+    cache_isolation: str = "shared",
+    metrics_api_key: str | None = None,
 ):
     """The reference server as a FastAPI app (run it with uvicorn or :class:`BackgroundServer`).
 
@@ -283,7 +301,8 @@ def create_app(
             get 503 with ``Retry-After`` (None: no limit).
         default_max_tokens: a chat request without ``max_tokens`` generates at most this many
             (None: up to the context length, vLLM's default). Completions default to 16 (OpenAI).
-        api_key: require ``Authorization: Bearer <api_key>`` on the ``/v1`` routes.
+        api_key: require ``Authorization: Bearer <api_key>`` on the ``/v1`` routes; a list of keys
+            accepts any of them (one per tenant).
         access_log: log one line per request to the ``course.serving.access`` logger.
         runner: the engine's model runner, "auto" or "transformers" (see :class:`Engine`).
         engine_process: run the engine in a child process
@@ -291,11 +310,23 @@ def create_app(
             on a thread of this one.
         prefix_cache_bytes: the engine's prefix-cache budget in bytes, 0 = prefix caching off
             (None: the engine's default, off; see :class:`Engine`).
+        cache_isolation: "shared" (vLLM's behaviour: requests share cached prompt blocks unless their
+            ``cache_salt`` differs) or "per-key" (each API key's requests are salted with the key's
+            identity as well: tenants never share a block; needs ``api_key``).
+        metrics_api_key: ``GET /metrics`` needs ``Authorization: Bearer <metrics_api_key>`` (None: open,
+            as in vLLM).
 
     ``app.state.engine`` is the engine; ``app.state.on_server_stop`` holds callbacks that
     :class:`~course.serving.api.background.BackgroundServer` and ``course serve`` run when the
     server is told to stop, before uvicorn closes connections.
     """
+    if cache_isolation not in ("shared", "per-key"):
+        raise ValueError(f"cache_isolation must be 'shared' or 'per-key', got {cache_isolation!r}")
+    if cache_isolation == "per-key" and not api_keys(api_key):
+        raise ValueError(
+            "cache_isolation='per-key' salts each API key's requests with the key: give the tenants' keys "
+            "(api_key, course serve --api-key KEY [KEY ...])"
+        )
     if engine is None:
         engine = build_engine(
             lm,
@@ -313,6 +344,7 @@ def create_app(
         max_request_bytes=max_request_bytes,
         max_waiting_requests=max_waiting_requests,
         default_max_tokens=default_max_tokens,
+        per_key_cache=cache_isolation == "per-key",
     )
     app = FastAPI(title="course reference server", lifespan=routes.lifespan)
     app.state.engine = engine
@@ -320,7 +352,7 @@ def create_app(
     app.state.metrics = routes.metrics
     # Stopping: refuse new requests and end the running ones with an error event (503).
     app.state.on_server_stop = [lambda: engine.stop(timeout=0)]
-    app.add_middleware(OperatorMiddleware, api_key=api_key, access_log=access_log)
+    app.add_middleware(OperatorMiddleware, api_key=api_key, access_log=access_log, metrics_api_key=metrics_api_key)
     install_error_handlers(app)
     routes.install(app)
     return app
@@ -381,10 +413,12 @@ class OpenAIRoutes:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_waiting_requests: int | None = None,
         default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
+        per_key_cache: bool = False,
     ) -> None:
         from course.serving.api.prometheus import ServerMetrics
 
         self.engine = engine
+        self.per_key_cache = per_key_cache  # salt every request's blocks with its API key's tenant
         self.name = name
         self.max_request_bytes = max_request_bytes
         self.max_waiting_requests = max_waiting_requests
@@ -466,8 +500,12 @@ class OpenAIRoutes:
         generation_request = await loop.run_in_executor(self.tokenizer_thread, self._parse, raw, parse)
         if (refusal := overload_refusal(self.engine.num_waiting, self.max_waiting_requests)) is not None:
             return refusal
+        state = request.scope.get("state") or {}
+        salt = generation_request.cache_salt
+        if self.per_key_cache:  # the middleware let the request in with a key: its tenant is known
+            salt = tenant_salt(state["tenant"], salt)
         generation = _Generation(
-            self.engine, generation_request, self.engine.lm.tokenizer, self.metrics, request.scope.get("state")
+            self.engine, generation_request, self.engine.lm.tokenizer, self.metrics, request.scope.get("state"), salt
         )
         if generation_request.stream:
             return _event_stream_response(generation.events(), generation.abort)

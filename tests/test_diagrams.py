@@ -313,3 +313,30 @@ def test_glossary_and_prerequisite_links_point_to_files_that_exist():
         assert targets, f"{path.name}: no local links found"
         for target in targets:
             assert (path.parent / target).resolve().exists(), f"{path.name} links to {target}, which does not exist"
+
+
+def test_phases_overview_draws_a_row_per_prompt_token_and_per_sequence():
+    fig = diagrams.phases_overview(prompt_tokens=6, batch=2)
+    assert len(artists(fig, "prefill-x")) == 6 and len(artists(fig, "decode-x")) == 2
+    assert len(artists(fig, "kv-prefill")) == 6 and len(artists(fig, "kv-decode")) == 1  # the prompt, then +1
+    (w_prefill,), (w_decode,) = artists(fig, "weights-prefill").values(), artists(fig, "weights-decode").values()
+    assert w_prefill.get_width() == w_decode.get_width()  # the same weights, read by both phases
+    with pytest.raises(ValueError, match="fewer decode rows"):
+        diagrams.phases_overview(prompt_tokens=2, batch=2)
+
+
+def test_module_1_opens_with_the_committed_overview_at_the_release_tag():
+    """The picture is a committed PNG, linked by an absolute URL at the release tag (Colab resolves no
+    relative paths and ignores cell attachments), so it shows before any cell runs."""
+    import json
+    from pathlib import Path
+
+    from course.env import REPO_REF, REPO_URL
+
+    root = Path(__file__).resolve().parents[1]
+    url = f"{REPO_URL.replace('https://github.com/', 'https://raw.githubusercontent.com/')}/{REPO_REF}/docs/figures/prefill_decode.png"
+    assert (root / "docs/figures/prefill_decode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for folder in ("solutions", "modules"):
+        cells = json.loads((root / folder / "m1_prefill_decode/prefill_decode.ipynb").read_text())["cells"]
+        first = "".join(cells[0]["source"])
+        assert cells[0]["cell_type"] == "markdown" and f"]({url})" in first, folder

@@ -42,6 +42,7 @@ FAST_MODULES = {
     "test_hardware_geometry_roofline.py",
     "test_kv.py",
     "test_kv_properties.py",
+    "test_kv_releases.py",
     "test_kv_vllm.py",
     "test_models.py",
     "test_prose_model.py",

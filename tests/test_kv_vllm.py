@@ -154,8 +154,12 @@ def test_a_co_located_process_makes_vllm_refuse_to_start(capsys):
     )
     assert b.num_blocks == 0 and not b.fits_one_request and "DOES NOT START" in b.table()
     assert kv.budget("Llama-3-8B", "H100", utilization=0.85, other_process_bytes=10 * GIB).startup_error is None
-    assert course_main(["kv", "Llama-3-8B", "--other-process-gib", "10", "--utilization", "0.9"]) == 0
+    assert course_main(["kv", "Llama-3-8B", "--other-process-gib", "10", "--utilization", "0.9", "--vllm", "0.32"]) == 0
     assert "DOES NOT START: Free memory on device" in capsys.readouterr().out
+    # 0.34's extensible KV cache: the share is only a cap, nothing refuses; the other process's memory is not free
+    assert course_main(["kv", "Llama-3-8B", "--other-process-gib", "10", "--utilization", "0.9"]) == 0
+    out = capsys.readouterr().out
+    assert "DOES NOT START" not in out and "as vLLM 0.34.0 sizes it: measured after warm-up" in out
 
 
 # --- 3. layer kinds from config.json ------------------------------------------------------------------------

@@ -243,8 +243,9 @@ def test_cli_simulates_a_70b_model_on_tp_gpus(capsys):
 def test_cli_kv_gib_is_per_gpu_under_tp(capsys):
     args = ["simulate", "--model", "Llama-2-70B", "--requests", "5", "--json", "--kv-gib", "10"]
     assert main([*args, "--tp", "2"]) == 0
-    blocks = json.loads(capsys.readouterr().out)["config"]["num_blocks"]
-    per_block = 16 * P.shard_geometry(LLAMA2_70B, 2).kv_bytes_per_token(2)
+    config = json.loads(capsys.readouterr().out)["config"]
+    blocks = config["num_blocks"]
+    per_block = config["block_size"] * P.shard_geometry(LLAMA2_70B, 2).kv_bytes_per_token(2)
     assert blocks == math.floor(10 * 2**30 / per_block)
 
 

@@ -1,24 +1,42 @@
-"""vLLM's KV-cache budget for a model on a device, computed the way vLLM 0.32.0 computes it (see :mod:`course.kv.vllm`).
+"""vLLM's KV-cache budget for a model on a device, computed the way vLLM computes it (see :mod:`course.kv.vllm`).
 
-At startup vLLM:
+Two rules, one per release the course names (``release``):
+
+**vLLM 0.32.0, and 0.34.0 where the extensible KV cache is off** (the CPU build, ``--kv-cache-memory-bytes``,
+``num_gpu_blocks_override``): the cache is sized from a profiling *estimate*. At startup vLLM
 
 1. checks that ``ceil(gpu_memory_utilization x total)`` is free (``v1/worker/utils.py``, ``request_memory``);
 2. loads the weights, profiles one forward pass at ``max_num_batched_tokens`` (the activation peak),
    notes memory outside PyTorch and the CUDA graphs it will capture (``v1/worker/gpu_worker.py``);
 3. gives the KV cache ``requested - weights - activation peak - non-torch - CUDA graphs``, or exactly
-   ``kv_cache_memory_bytes`` when that is set (on the CPU build: ``VLLM_CPU_KVCACHE_SPACE`` GiB);
-4. splits the layers into KV-cache groups and cuts the memory into blocks (``v1/core/kv_cache_utils.py``):
+   ``kv_cache_memory_bytes`` when that is set (on the CPU build: ``VLLM_CPU_KVCACHE_SPACE`` GiB).
+
+**vLLM 0.34.0 on CUDA and ROCm** (the extensible KV cache, on by default): the same estimate, at an unset
+utilization's 1.0, only reserves the cache's address range; after warm-up and CUDA-graph capture vLLM
+measures what is free and gives the cache (``v1/worker/extensible_kv_cache.py``, ``measure_kv_cache_bytes``)
+``min(requested - used, free - margin) - transient peak``, where ``used`` is everything resident (weights,
+memory outside PyTorch, the CUDA graphs), the transient peak is the larger of the profiled activation peak
+plus the CUDA-graph estimate and what the warm-up steps allocated at peak, and the margin is
+``max(1 GiB, 0.75 x transient peak)`` (3 GiB on ROCm). Nothing refuses at startup. Before the engine starts,
+the weights, the total and what other processes hold are known; the transient peak, the memory outside
+PyTorch and the CUDA graphs are measured, so the course gives the budget for the ones you give and the
+ceiling no start can exceed (:attr:`KVBudget.kv_memory_range`).
+
+Then, in both releases:
+
+4. vLLM splits the layers into KV-cache groups and cuts the memory into blocks (``v1/core/kv_cache_utils.py``):
    ``num_blocks = memory // (page_size x layers_per_group)``;
 5. logs "GPU KV cache size: N tokens, Maximum concurrency for L tokens per request: C x"
    (``get_kv_cache_capacity``): C is the blocks over the blocks one ``max_model_len`` request needs in
    every group (each group's need from its spec's ``max_memory_usage_bytes``: a sliding-window layer
    needs ``min(window - 1 + max_in_flight_tokens, max_model_len)`` tokens plus one block, where
-   ``max_in_flight_tokens`` is 2 x ``max_num_batched_tokens`` under async scheduling), and
-   N = ``int(C x max_model_len)``.
+   ``max_in_flight_tokens`` is the batches in flight x ``max_num_batched_tokens``: 2 under async
+   scheduling), and N = ``int(C x max_model_len)``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -130,26 +148,31 @@ def hybrid_block_size(g: ModelGeometry, attention_page_per_token: float, state_p
     """The attention block size vLLM uses when state layers share the pool with attention layers.
 
     vLLM raises the attention block size until one attention page (``block_size`` tokens of one layer)
-    holds one state page, in multiples of the kernel alignment, and pads the state page to match
-    (``vllm/model_executor/models/config.py``, the hybrid attention + Mamba config: ``attn_block_size =
-    alignment x cdiv(mamba_page_size, alignment x attn_page_size_1_token)``, logged as "Setting attention
-    block size to N tokens to ensure that attention page size is >= mamba page size"; public logs show
-    528-784 tokens for Qwen3.5 and Granite-4 hybrids).
+    holds one state page, in multiples of the alignment, and pads the state page to match
+    (``vllm/platforms/interface.py``, ``Platform._align_hybrid_block_size``: ``attn_block_size = alignment x
+    cdiv(mamba_page_size, alignment x attn_page_size_1_token)``, the alignment being the larger of the
+    backend's smallest kernel block (16) and the block size: 16 in 0.32, 64 in 0.34; logged as "Setting
+    attention block size to N tokens to ensure that attention page size is >= mamba page size"; public logs
+    of 0.32-era releases show 528-784 tokens for Qwen3.5 and Granite-4 hybrids).
     """
     if not g.num_state_layers or not attention_page_per_token:
         return block_size
+    alignment = max(vllm.HYBRID_BLOCK_ALIGNMENT, block_size)
     needed = cdiv(int(state_page), int(attention_page_per_token))
-    aligned = cdiv(needed, vllm.HYBRID_BLOCK_ALIGNMENT) * vllm.HYBRID_BLOCK_ALIGNMENT
-    return max(block_size, aligned)
+    return max(block_size, cdiv(needed, alignment) * alignment)
 
 
 @dataclass(frozen=True)
 class KVBudget:
     """What one GPU of a vLLM deployment has for the KV cache, in vLLM's arithmetic. Bytes per GPU.
 
-    ``requested = utilization x total``; ``kv_memory = requested - weights - activation_peak -
-    non_torch - cuda_graphs`` (or ``kv_cache_memory_bytes`` when given); ``num_blocks = kv_memory //
-    page_bytes // layers_per_group``.
+    ``requested = utilization x total``. Sized from the estimate (``extensible`` False: vLLM 0.32, and 0.34
+    where the extensible KV cache is off): ``kv_memory = requested - weights - activation_peak - non_torch -
+    cuda_graphs`` (or ``kv_cache_memory_bytes`` when given). Measured after warm-up (0.34's extensible KV
+    cache): :func:`course.kv.vllm.measure_kv_cache_bytes` of the same figures, with the transient peak
+    ``max(transient_peak, activation_peak + cuda_graphs)`` kept free and a margin. ``num_blocks =
+    kv_memory // page_bytes // layers_per_group`` (capped, when measured, by the blocks the estimate
+    reserved).
     """
 
     model: str
@@ -176,6 +199,30 @@ class KVBudget:
     layers_per_group: int = 1
     groups: tuple[KVGroup, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    release: str = vllm.VLLM_VERSION
+    extensible: bool = False
+    utilization_given: bool = True
+    transient_peak: float = 0.0
+    torch_reserve_growth: float = 0.0
+    margin_floor: float = vllm.KV_CACHE_MARGIN_FLOOR_BYTES["cuda"]
+    pipeline_parallel: int = 1
+    num_gpu_blocks_override: int | None = None
+
+    @property
+    def release_name(self) -> str:
+        """ "vLLM 0.34.0": the release whose rules this budget follows."""
+        return f"vLLM {self.release}"
+
+    @property
+    def sizing(self) -> str:
+        """How vLLM sizes this cache, in words."""
+        if self.num_gpu_blocks_override is not None:
+            return "num_gpu_blocks_override"
+        if self.kv_cache_memory_bytes is not None:
+            return "kv_cache_memory_bytes"
+        if self.extensible:
+            return "measured after warm-up (extensible KV cache)"
+        return "estimated at startup (profiling)"
 
     @property
     def requested(self) -> float:
@@ -193,16 +240,119 @@ class KVBudget:
 
         The worker checks this when it initialises the device (``vllm/v1/worker/gpu_worker.py``,
         ``init_device``); the copies of that code the course read do not skip the check when
-        ``kv_cache_memory_bytes`` is set, so neither does the course.
+        ``kv_cache_memory_bytes`` is set, so neither does the course. 0.34's extensible KV cache skips it.
         """
-        return vllm.free_memory_error(self.total_memory, self.free_at_startup, self.utilization)
+        return vllm.free_memory_error(
+            self.total_memory, self.free_at_startup, self.utilization, extensible=self.extensible
+        )
+
+    @property
+    def estimate_memory(self) -> float:
+        """The profiling estimate: ``requested - weights - activation peak - non-torch - CUDA graphs`` (bytes).
+
+        The KV cache of 0.32 (and of 0.34 with the extensible KV cache off); under the extensible KV cache,
+        the address range it reserves (``num_blocks`` never exceeds it).
+        """
+        return self.requested - self.weights - self.activation_peak - self.non_torch - self.cuda_graphs
+
+    @property
+    def measured_peak(self) -> float:
+        """The transient peak the extensible KV cache keeps free (bytes): the profiled activation peak plus
+        the CUDA-graph estimate, or the warm-up steps' peak when that is larger (``transient_peak``)."""
+        return max(self.transient_peak, self.activation_peak + self.cuda_graphs)
+
+    @property
+    def margin(self) -> float:
+        """The extensible KV cache's margin beyond the transient peak: ``max(floor, 0.75 x peak)`` (bytes)."""
+        return max(self.margin_floor, int(self.measured_peak * vllm.KV_CACHE_MARGIN_FRACTION))
+
+    def _measured(self, requested: float, *, peak: float, non_torch: float, graphs: float, growth: float) -> float:
+        used = self.weights + non_torch + graphs  # resident after warm-up and capture, the KV prefix aside
+        init_free = self.free_at_startup
+        return vllm.measure_kv_cache_bytes(
+            init_free_memory=init_free,
+            free_memory=init_free - used,
+            committed_bytes=0,
+            requested_memory=requested,
+            transient_peak_bytes=peak,
+            torch_reserve_growth_bytes=growth,
+            margin_floor_bytes=self.margin_floor,
+        )
 
     @property
     def kv_memory(self) -> float:
-        """Bytes left for the KV cache (negative when the rest does not even fit)."""
+        """Bytes left for the KV cache (negative when the rest does not even fit, estimated)."""
         if self.kv_cache_memory_bytes is not None:
             return self.kv_cache_memory_bytes
-        return self.requested - self.weights - self.activation_peak - self.non_torch - self.cuda_graphs
+        if self.extensible:
+            return self._measured(
+                math.ceil(self.requested),
+                peak=self.measured_peak,
+                non_torch=self.non_torch,
+                graphs=self.cuda_graphs,
+                growth=self.torch_reserve_growth,
+            )
+        return self.estimate_memory
+
+    @property
+    def kv_memory_ceiling(self) -> float:
+        """The most the extensible KV cache can get on this device (bytes): with nothing measured but the
+        weights (no activation peak, memory outside PyTorch or CUDA graphs), only the margin's floor kept.
+        Equal to :attr:`kv_memory` when the cache is not measured."""
+        if not self.extensible or self.kv_cache_memory_bytes is not None:
+            return self.kv_memory
+        return self._measured(math.ceil(self.requested), peak=0.0, non_torch=0.0, graphs=0.0, growth=0.0)
+
+    @property
+    def kv_memory_range(self) -> tuple[float, float]:
+        """(with the overheads given, the ceiling) in bytes: what the course can say before the engine starts.
+
+        Under the extensible KV cache the transient peak, memory outside PyTorch and the CUDA graphs are
+        measured at startup; the lower figure takes the ones given (0 when not given: then both are the
+        ceiling), and each GiB more of transient peak measured costs 1.75 GiB of cache once the margin is
+        past its floor (1 GiB below that), each GiB more of other resident memory 1 GiB. Sized from the
+        estimate or given, both figures are :attr:`kv_memory`.
+        """
+        return self.kv_memory, self.kv_memory_ceiling
+
+    @property
+    def binding_bound(self) -> str:
+        """Which of the measured budget's two bounds binds: the requested share, or free memory less the margin."""
+        used = self.weights + self.non_torch + self.cuda_graphs
+        cap = math.ceil(self.requested) - used
+        free = self.free_at_startup - used - self.margin
+        if cap < free:
+            return f"the requested share (utilization {self.utilization:g} x total): it keeps free memory out"
+        return "free memory less the margin (the requested share leaves it all)"
+
+    @property
+    def withheld(self) -> float:
+        """Free memory an explicit utilization below 1 keeps out of the extensible KV cache (bytes): what the
+        cache would get with all memory free at startup as its budget, less what it gets."""
+        if not self.extensible or self.kv_cache_memory_bytes is not None:
+            return 0.0
+        unbounded = self._measured(
+            self.free_at_startup,
+            peak=self.measured_peak,
+            non_torch=self.non_torch,
+            graphs=self.cuda_graphs,
+            growth=self.torch_reserve_growth,
+        )
+        return max(0.0, unbounded - self.kv_memory)
+
+    @property
+    def warning(self) -> str | None:
+        """The warning 0.34 logs when an explicit ``gpu_memory_utilization`` in (0.7, 1) withholds >= 1 GiB."""
+        if not self.extensible or not self.utilization_given:
+            return None
+        return vllm.withheld_warning(self.utilization, math.ceil(self.requested), self.withheld)
+
+    @property
+    def capacity_blocks(self) -> int:
+        """Blocks of address range the extensible KV cache reserves: the estimate's blocks (at 1.0 when unset)."""
+        if self.layer_page_bytes <= 0:
+            return 0
+        return max(0, int(self.estimate_memory // self.layer_page_bytes // self.layers_per_group))
 
     @property
     def page_bytes(self) -> float:
@@ -211,15 +361,41 @@ class KVBudget:
 
     @property
     def num_blocks(self) -> int:
-        """Whole blocks that fit in the KV memory (``get_num_blocks``)."""
+        """Whole blocks that fit in the KV memory (``get_num_blocks``; measured: ``blocks_within``, at most the
+        reserved capacity, ``finalize_extensible_kv_cache``)."""
+        if self.num_gpu_blocks_override is not None:
+            return self.num_gpu_blocks_override
         if self.startup_error or self.layer_page_bytes <= 0:
             return 0
-        return max(0, int(self.kv_memory // self.layer_page_bytes // self.layers_per_group))
+        blocks = max(0, int(self.kv_memory // self.layer_page_bytes // self.layers_per_group))
+        if self.extensible and self.kv_cache_memory_bytes is None:
+            blocks = min(blocks, self.capacity_blocks)
+        return blocks
 
     @property
     def in_flight_tokens(self) -> int:
         """vLLM's ``max_in_flight_tokens``: the step budget times the batches in flight."""
-        return vllm.max_in_flight_tokens(self.max_num_batched_tokens, self.async_scheduling)
+        return vllm.max_in_flight_tokens(
+            self.max_num_batched_tokens, self.async_scheduling, self.pipeline_parallel, release=self.release
+        )
+
+    @property
+    def memory_after_warmup(self) -> str | None:
+        """The start of the line 0.34 logs once the extensible KV cache is measured (``measure_kv_cache_blocks``),
+        for the figures this budget assumes; None when not measured. The committed prefix is taken as 0 and
+        the line's last sentence (torch's reservation cap) is left out: both depend on the allocator's state."""
+        if not self.extensible or self.kv_cache_memory_bytes is not None:
+            return None
+        gib = vllm.format_gib
+        free = self.free_at_startup - self.weights - self.non_torch - self.cuda_graphs
+        kept = max(self.measured_peak, self.torch_reserve_growth)
+        return (
+            f"Memory after warmup: {gib(free)} GiB free, 0.0 GiB committed to the KV cache, {gib(kept)} GiB kept "
+            f"for transient activations ({gib(self.measured_peak)} GiB allocated at peak, "
+            f"{gib(self.torch_reserve_growth)} GiB of torch reservation growth); {self.num_blocks} KV cache blocks "
+            f"({gib(self.num_blocks * self.page_bytes)} GiB) fit within the requested "
+            f"{gib(math.ceil(self.requested))} GiB."
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -288,6 +464,11 @@ class KVBudget:
         for name in (
             "requested",
             "kv_memory",
+            "estimate_memory",
+            "kv_memory_ceiling",
+            "sizing",
+            "warning",
+            "memory_after_warmup",
             "page_bytes",
             "num_blocks",
             "num_tokens",
@@ -299,7 +480,10 @@ class KVBudget:
             data[name] = getattr(self, name)
         data["max_concurrency"] = round(self.max_concurrency, 4)
         data["fits_one_request"] = self.fits_one_request
-        data["vllm_version"] = vllm.VLLM_RELEASE
+        data["vllm_version"] = self.release_name
+        if self.extensible:
+            data["margin"] = self.margin
+            data["measured_peak"] = self.measured_peak
         return data
 
     def table(self, batches: tuple[int, ...] = (1, 8, 32, 128)) -> str:
@@ -307,14 +491,35 @@ class KVBudget:
         gib = lambda x: f"{x / GiB:8.2f} GiB"  # noqa: E731
         lines = [
             f"KV-cache budget: {self.model} on {self.gpu} (tensor parallel {self.tp}), per device, "
-            f"as {vllm.VLLM_RELEASE}",
+            f"as {self.release_name} sizes it: {self.sizing}",
             f"  total memory        {gib(self.total_memory)}  (as the driver reports it)",
         ]
-        if self.kv_cache_memory_bytes is not None:
+        unset = "" if self.utilization_given else " (unset: "
+        if not self.utilization_given:
+            unset += "1.0 with the extensible KV cache)" if self.extensible else f"{self.release_name}'s default)"
+        if self.num_gpu_blocks_override is not None:
+            lines.append(f"  = KV blocks         {self.num_gpu_blocks_override:,} (num_gpu_blocks_override)")
+        elif self.kv_cache_memory_bytes is not None:
             lines.append(f"  = KV cache          {gib(self.kv_memory)}  (kv_cache_memory_bytes; utilization ignored)")
+        elif self.extensible:
+            low, high = self.kv_memory_range
+            lines += [
+                f"  x utilization {self.utilization:<5g} {gib(self.requested)}{unset}",
+                f"  - other processes   {gib(self.other_processes)}  (not free at startup)",
+                f"  - weights           {gib(self.weights)}",
+                f"  - non-torch memory  {gib(self.non_torch)}",
+                f"  - CUDA graphs       {gib(self.cuda_graphs)}",
+                f"  - transient peak    {gib(self.measured_peak)}  (activation peak + CUDA-graph estimate, or "
+                "warm-up's; kept free)",
+                f"  - margin            {gib(self.margin)}  (max({self.margin_floor / GiB:g} GiB, "
+                f"{vllm.KV_CACHE_MARGIN_FRACTION} x transient peak), from free memory only)",
+                f"  = KV cache          {gib(low)}  (measured after warm-up: with the overheads given; at most "
+                f"{high / GiB:,.2f} GiB)",
+                f"  bound by            {self.binding_bound}",
+            ]
         else:
             lines += [
-                f"  x utilization {self.utilization:<5g} {gib(self.requested)}",
+                f"  x utilization {self.utilization:<5g} {gib(self.requested)}{unset}",
                 f"  - weights           {gib(self.weights)}",
                 f"  - activation peak   {gib(self.activation_peak)}",
                 f"  - non-torch memory  {gib(self.non_torch)}",
@@ -333,15 +538,20 @@ class KVBudget:
             f"  max_model_len       {self.max_model_len:,} tokens = {self.blocks_per_request:,} blocks per request",
             f"  max concurrency     {self.max_concurrency:,.2f}x (every request at max_model_len, as vLLM logs it)",
         ]
+        if self.memory_after_warmup:
+            lines.append(f"  vLLM logs           {self.memory_after_warmup}")
         lines.append(f"  vLLM logs           {self.log_line}")
         for batch in batches:
             lines.append(f"  max context at batch {batch:<4d} {self.max_context(batch):,} tokens")
+        if self.warning:
+            lines.append(f"  vLLM warns          {self.warning}")
         if self.startup_error:
             lines.append(f"  DOES NOT START: {self.startup_error}")
         elif not self.fits_one_request:
+            raise_it = "" if self.utilization >= 1 else "raise the utilization, "
             lines.append(
                 "  DOES NOT FIT: not even one max_model_len request; vLLM would refuse to start "
-                "(raise the utilization, shorten max_model_len, quantize the KV cache or add GPUs)"
+                f"({raise_it}shorten max_model_len, quantize the KV cache or add GPUs)"
             )
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
@@ -426,9 +636,31 @@ def _notes(
     state_page: float,
     in_flight: int,
     max_num_batched_tokens: int,
+    rules: vllm.KVRules,
+    extensible: vllm.ExtensibleStatus,
 ) -> list[str]:
     """What the report should say about how this budget differs from the plain formula."""
     notes = []
+    if extensible.on:
+        notes.append(
+            "vLLM measures the transient peak, memory outside PyTorch and the CUDA graphs after warm-up and "
+            "capture; the course cannot know them before the engine starts: each GiB more of transient peak costs up "
+            "to 1.75 GiB of cache (the peak itself, and 0.75 of it as margin once past the floor), each GiB more of "
+            'other resident memory 1 GiB; read them from the "Memory after warmup" line of your log'
+        )
+        notes.append(
+            "gpu_memory_utilization now only caps the instance: leave it unset (1.0) unless memory vLLM does not "
+            "measure needs room (other processes, including ones that allocate later; a unified-memory CPU; "
+            "weight-update buffers; a KV connector's buffers); vLLM falls back to the 0.92 estimate where the "
+            "driver lacks virtual-memory support (course kv --no-extensible-kv-cache)"
+        )
+    elif rules.extensible_kv_cache and spec.platform != "cpu":
+        notes.append(f"{extensible.reason}: the profiling estimate applies (the extensible KV cache is off)")
+    if spec.platform == "cpu" and rules.cpu_requires_triton:
+        notes.append(
+            f"{rules.release.name}'s CPU platform refuses to start on x86 without triton-cpu, which is not on PyPI "
+            "(vllm/platforms/cpu.py, CpuPlatform.check_and_update_config): this is the budget it would compute"
+        )
     if model_dtype != (g.weight_dtype or "fp32") and g.weight_dtype != "fp8" and dtype == "auto":
         notes.append(
             f"the checkpoint is {g.weight_dtype or 'fp32'}: vLLM serves it in {model_dtype} on {spec.name} "
@@ -437,7 +669,7 @@ def _notes(
     if not profiled:
         notes.append(
             "activation peak, non-torch and CUDA-graph memory not given (0): vLLM measures them at startup, so the "
-            "real budget is smaller"
+            "real budget is smaller" + (" (the figure above is the ceiling)" if extensible.on else "")
         )
     if len({group.kind for group in groups}) > 1:
         notes.append(
@@ -468,7 +700,7 @@ def budget(
     model: Any,
     gpu: str | HardwareSpec = "H100-SXM",
     *,
-    utilization: float = vllm.GPU_MEMORY_UTILIZATION,
+    utilization: float | None = None,
     max_model_len: int | None = None,
     kv_dtype: str | KVDtype = "auto",
     block_size: int | None = None,
@@ -485,18 +717,25 @@ def budget(
     max_num_batched_tokens: int | None = None,
     async_scheduling: bool | None = None,
     mamba_cache_mode: str = "align",
+    release: str = vllm.VLLM_VERSION,
+    extensible_kv_cache: bool | None = None,
+    transient_peak_bytes: float | None = None,
+    torch_reserve_growth_bytes: float = 0.0,
+    num_gpu_blocks_override: int | None = None,
+    pipeline_parallel: int = 1,
 ) -> KVBudget:
     """vLLM's KV-cache budget for a model on ``tp`` devices of one kind (GPUs, or vLLM's CPU build).
 
     Args:
         model: catalogue name, config.json path/dict, or a ModelGeometry.
         gpu: catalogue GPU name, "CPU" (vLLM's CPU build on this machine), or a HardwareSpec.
-        utilization: vLLM's ``gpu_memory_utilization``, a share of *total* memory, in (0, 1]; default
-            0.92, vLLM 0.32's (vLLM <= 0.11 used 0.90).
+        utilization: vLLM's ``gpu_memory_utilization``, a share of *total* memory, in (0, 1]; None (unset)
+            means the release's default: 0.92 when the cache is sized from the estimate (vLLM 0.32, and 0.34
+            where the extensible KV cache is off), 1.0 under 0.34's extensible KV cache (vLLM <= 0.11 used 0.90).
         max_model_len: longest request (tokens); default the model's max_position_embeddings.
         kv_dtype: "auto" (the model's served dtype, as vLLM) or one of :data:`KV_DTYPES`.
-        block_size: tokens per block; default vLLM's: 16 on GPUs, 128 on the CPU build (hybrids with
-            state layers get a larger one).
+        block_size: tokens per block; default the release's (:func:`course.kv.vllm.default_block_size`):
+            16 on GPUs in 0.32, 64 in 0.34, 128 on the CPU build (hybrids with state layers get a larger one).
         dtype: vLLM's ``--dtype``: "auto" serves a float32 checkpoint in bf16 where the device has
             it, else fp16 (:func:`course.kv.vllm.served_dtype`); or "float32", "bfloat16", "float16".
         tp: tensor-parallel GPUs; weights are split evenly, KV heads as :func:`kv_heads_per_gpu`.
@@ -521,14 +760,47 @@ def budget(
             on for GPUs, off on the CPU build).
         mamba_cache_mode: "align" (vLLM's default for hybrids with prefix caching on: 2 state pages
             per request) or "none" (1).
+        release: the vLLM release whose rules apply: "0.32" (the default: the runnable release, whose
+            estimate module 4's exercises reproduce) or "0.34" (today's GPU release: 64-token blocks and the
+            extensible KV cache). See :mod:`course.vllm_release`.
+        extensible_kv_cache: 0.34's ``--[no-]enable-extensible-kv-cache``; None resolves it as vLLM does
+            (:func:`course.kv.vllm.extensible_kv_cache`: on for CUDA and ROCm unless the cache size or the
+            block count is given). False models the fallback where the driver lacks virtual-memory support.
+        transient_peak_bytes: the transient peak the extensible KV cache keeps free, when known (the "GiB
+            allocated at peak" of its "Memory after warmup" log line); it is never below ``activation_bytes +
+            cuda_graph_bytes``.
+        torch_reserve_growth_bytes: the torch reservation's growth over a sizing step (the same line's).
+        num_gpu_blocks_override: vLLM's ``num_gpu_blocks_override``: exactly this many blocks.
+        pipeline_parallel: pipeline stages of the deployment (this budget is one stage's GPU): sliding-window
+            layers reserve for every batch in flight (:func:`course.kv.vllm.max_concurrent_batches`).
     """
     g = get_model(model)
     spec = hardware.gpu(gpu) if isinstance(gpu, str) else gpu
+    rules = vllm.rules(release)
+    if num_gpu_blocks_override is not None:
+        _positive_int("num_gpu_blocks_override", num_gpu_blocks_override)
+    _positive_int("pipeline_parallel", pipeline_parallel)
+    status = vllm.extensible_kv_cache(
+        spec,
+        release=rules.release,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        num_gpu_blocks_override=num_gpu_blocks_override,
+    )
+    if extensible_kv_cache is not None:
+        if extensible_kv_cache and not status.on and rules.extensible_kv_cache:
+            raise ValueError(f"extensible_kv_cache: cannot be on here ({status.reason}); vLLM refuses the same")
+        if extensible_kv_cache and not rules.extensible_kv_cache:
+            raise ValueError(f"extensible_kv_cache: {rules.release.name} has none (it came in 0.34)")
+        if not extensible_kv_cache and status.on:
+            status = vllm.ExtensibleStatus(False, "the extensible KV cache is off (--no-enable-extensible-kv-cache)")
+    utilization_given = utilization is not None
+    if utilization is None:
+        utilization = rules.default_utilization(status.on)
     total = _total_memory(spec, utilization, gpu_memory_bytes)
     cpu = spec.platform == "cpu"
     max_model_len = _max_model_len(g, max_model_len)
     if block_size is None:
-        block_size = vllm.mla_block_size(spec) if g.is_mla else vllm.CPU_BLOCK_SIZE if cpu else vllm.BLOCK_SIZE
+        block_size = vllm.default_block_size(spec, g.is_mla, release=rules.release)
     _positive_int("block_size", block_size, "a positive integer (vLLM allows 1, 8, 16, 32, 64, 128)")
     if async_scheduling is None:
         async_scheduling = not cpu and vllm.ASYNC_SCHEDULING
@@ -539,8 +811,10 @@ def budget(
     others = _bytes_arg("other_process_bytes", other_process_bytes)
     if kv_cache_memory_bytes is not None:
         kv_cache_memory_bytes = _bytes_arg("kv_cache_memory_bytes", kv_cache_memory_bytes)
+    peak = _bytes_arg("transient_peak_bytes", transient_peak_bytes) if transient_peak_bytes is not None else 0.0
+    growth = _bytes_arg("torch_reserve_growth_bytes", torch_reserve_growth_bytes)
     if max_num_batched_tokens is None:
-        max_num_batched_tokens = vllm.max_num_batched_tokens_default(spec, max_model_len)
+        max_num_batched_tokens = vllm.max_num_batched_tokens_default(spec, max_model_len, release=rules.release)
     _positive_int("max_num_batched_tokens", max_num_batched_tokens)
 
     # the cache's layout: dtypes, bytes per token and layer, the block, the KV-cache groups
@@ -549,17 +823,20 @@ def budget(
     per_token_layer = layer_bytes_per_token(g, kv, tp) if g.num_attention_layers else 0
     state_page = state_bytes(g, model_dtype, tp)
     effective_block = hybrid_block_size(g, per_token_layer, state_page, block_size)
-    in_flight = vllm.max_in_flight_tokens(max_num_batched_tokens, async_scheduling)
+    in_flight = vllm.max_in_flight_tokens(
+        max_num_batched_tokens, async_scheduling, pipeline_parallel, release=rules.release
+    )
     groups, per_group = kv_cache_groups(g, max_model_len, in_flight, effective_block, state_pages)
     layer_page = effective_block * per_token_layer if per_token_layer else state_page
 
     total_weights, weights_note = _weights(
         g, spec, dtype, model_dtype, weight_dtype, weight_bytes, kv_cache_memory_bytes
     )
-    profiled = kv_cache_memory_bytes is not None or bool(activation or non_torch or graphs)
+    given = kv_cache_memory_bytes is not None or num_gpu_blocks_override is not None
+    profiled = given or bool(activation or non_torch or graphs or peak)
     notes = ([weights_note] if weights_note else []) + _notes(
         g, spec, tp, kv, dtype, model_dtype, profiled, groups, per_group, block_size, effective_block, state_page,
-        in_flight, max_num_batched_tokens,
+        in_flight, max_num_batched_tokens, rules, status,
     )  # fmt: skip
     return KVBudget(
         model=g.name,
@@ -586,4 +863,12 @@ def budget(
         layers_per_group=per_group,
         groups=groups,
         notes=tuple(notes),
+        release=rules.release.version,
+        extensible=status.on,
+        utilization_given=utilization_given,
+        transient_peak=peak,
+        torch_reserve_growth=growth,
+        margin_floor=vllm.KV_CACHE_MARGIN_FLOOR_BYTES.get(spec.platform, vllm.KV_CACHE_MARGIN_FLOOR_BYTES["cuda"]),
+        pipeline_parallel=pipeline_parallel,
+        num_gpu_blocks_override=num_gpu_blocks_override,
     )

@@ -11,11 +11,13 @@ from course.kv.catalogue import _catalogue, get_model
 from course.kv.dtypes import KV_DTYPES, WEIGHT_BYTES
 from course.kv.report import geometry_summary
 from course.kv.sizes import _positive_int
+from course.vllm_release import NEWEST, RELEASES, RUNNABLE
 
 
 def add_cli_arguments(parser) -> None:
     """The options of ``course kv`` (an argparse parser), named after vLLM's engine arguments."""
     parser.add_argument("model", nargs="?", help="a catalogue model name (see --list) or a config.json file/folder")
+    add_release_argument(parser)
     parser.add_argument(
         "--gpu",
         default="H100-SXM",
@@ -31,8 +33,24 @@ def add_cli_arguments(parser) -> None:
         "--utilization",
         "--gpu-memory-utilization",
         type=float,
-        default=vllm.GPU_MEMORY_UTILIZATION,
-        help=f"gpu_memory_utilization (default {vllm.GPU_MEMORY_UTILIZATION}, vLLM's today; older vLLM used 0.9)",
+        default=None,
+        help="gpu_memory_utilization (default: unset, as vLLM's: 1.0 under 0.34's extensible KV cache, 0.92 where "
+        "the cache is sized from the estimate, as in 0.32; public logs of vLLM <= 0.11 used 0.9)",
+    )
+    parser.add_argument(
+        "--no-extensible-kv-cache",
+        "--no-enable-extensible-kv-cache",
+        dest="extensible_kv_cache",
+        action="store_false",
+        default=None,
+        help="0.34: size the cache from the startup estimate, as vLLM does where the driver lacks virtual-memory "
+        "support (default: measured after warm-up on CUDA unless --kv-cache-memory-bytes is given)",
+    )
+    parser.add_argument(
+        "--transient-peak-gib",
+        type=float,
+        help="0.34: the transient peak vLLM keeps free, GiB (the 'allocated at peak' of its 'Memory after warmup' "
+        "line; default: activation peak + CUDA graphs)",
     )
     parser.add_argument("--max-model-len", type=int, help="longest request (default: the model's context)")
     parser.add_argument(
@@ -54,7 +72,8 @@ def add_cli_arguments(parser) -> None:
     parser.add_argument(
         "--block-size",
         type=int,
-        help=f"tokens per KV block (default vLLM's: {vllm.BLOCK_SIZE} on GPUs, {vllm.CPU_BLOCK_SIZE} on the CPU build)",
+        help=f"tokens per KV block (default vLLM's: {vllm.GPU_BLOCK_SIZE} on GPUs in 0.34, {vllm.BLOCK_SIZE} in 0.32, "
+        f"{vllm.CPU_BLOCK_SIZE} on the CPU build)",
     )
     parser.add_argument(
         "--no-async-scheduling",
@@ -78,11 +97,27 @@ def add_cli_arguments(parser) -> None:
         "--kv-cache-memory-bytes", type=float, help="vLLM's override: the KV cache size per GPU in bytes"
     )
     parser.add_argument(
+        "--num-gpu-blocks-override", type=int, help="vLLM's num_gpu_blocks_override: exactly this many blocks"
+    )
+    parser.add_argument(
         "--other-process-gib", type=float, default=0.0, help="memory another process holds on the GPU at startup, GiB"
     )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128], help="batches for max context")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--list", action="store_true", help="list the catalogue models and GPUs")
+
+
+def add_release_argument(parser) -> None:
+    """``--vllm 0.32|0.34``: the release whose rules a printout follows (shared by ``course kv`` and
+    ``course simulate``)."""
+    parser.add_argument(
+        "--vllm",
+        dest="release",
+        default=NEWEST.short,
+        choices=[r.short for r in RELEASES] + [r.version for r in RELEASES],
+        help=f"the vLLM release whose rules apply: {NEWEST.short} (default: {NEWEST.role}) or {RUNNABLE.short} "
+        f"({RUNNABLE.role})",
+    )
 
 
 # The options budget() takes under the same name, and those given in GiB: option -> budget()'s keyword in bytes.
@@ -98,6 +133,9 @@ _AS_GIVEN = (
     "dtype",
     "async_scheduling",
     "mamba_cache_mode",
+    "release",
+    "extensible_kv_cache",
+    "num_gpu_blocks_override",
 )
 _IN_GIB = {
     "weights_gib": "weight_bytes",
@@ -106,6 +144,7 @@ _IN_GIB = {
     "cuda_graph_gib": "cuda_graph_bytes",
     "gpu_memory_gib": "gpu_memory_bytes",
     "other_process_gib": "other_process_bytes",
+    "transient_peak_gib": "transient_peak_bytes",
 }
 
 

@@ -4,8 +4,9 @@ vLLM V1 (|version|) reuses the KV cache of a prompt's leading blocks when an ear
 the same tokens in the same place. The rules, from ``vllm/v1/core/kv_cache_utils.py`` and
 ``vllm/v1/core/kv_cache_manager.py``:
 
-* a prompt is cut into blocks of ``block_size`` tokens (16 by default: ``CacheConfig.DEFAULT_BLOCK_SIZE``,
-  ``vllm/config/cache.py``); **only full blocks** are hashed and cached, a partial last block never is;
+* a prompt is cut into blocks of ``block_size`` tokens (16 by default in 0.32, 64 in 0.34:
+  ``CacheConfig.DEFAULT_BLOCK_SIZE``, ``vllm/config/cache.py``); **only full blocks** are hashed and cached, a
+  partial last block never is;
 * a block's hash covers its tokens *and the hash of the block before it*
   (``hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, extra_keys)`` =
   ``hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys))``), so one hash names the
@@ -51,7 +52,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-BLOCK_SIZE = 16  # tokens per block: vLLM's default (CacheConfig.DEFAULT_BLOCK_SIZE, vllm/config/cache.py)
+# tokens per block: vLLM 0.32's default (CacheConfig.DEFAULT_BLOCK_SIZE, vllm/config/cache.py), the release the
+# oracle runs this cache beside; 0.34 uses 64 (course.kv.vllm.RULES), so its hits land on 64-token boundaries
+BLOCK_SIZE = 16
 DEFAULT_CAPACITY_BYTES = 1 << 30  # course serve --enable-prefix-caching's budget (--prefix-cache-gib)
 NONE_HASH_SEED = "vllm-none-hash"  # DEFAULT_NONE_HASH_SEED, vllm/v1/core/kv_cache_utils.py
 

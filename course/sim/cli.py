@@ -11,8 +11,12 @@ Examples::
     course simulate --model Llama-3.1-70B --max-model-len 8192 --slo-ttft-ms 1000 --slo-tpot-ms 50 \\
         --plan-rate 20 --plan-gpus H100-SXM=3.0,H200-SXM=3.8 --plan-tp 4,8
 
+The vLLM release whose defaults, block size and KV budget apply is ``--vllm`` (0.34, the newest, by
+default; 0.32, the runnable CPU build's, with ``--vllm 0.32``), named in every printout
+(:mod:`course.vllm_release`).
+
 A config file (TOML or JSON) holds the same settings as the flags, with underscores: scheduler
-settings at the top level (``scheduler``, ``max_num_seqs``, ``num_blocks``, ...) and the tables
+settings at the top level (``scheduler``, ``max_num_seqs``, ``num_blocks``, ``vllm``, ...) and the tables
 ``[workload]``, ``[cost]`` (with ``tp``, ``pp``, ``interconnect``), ``[slo]`` and ``[fleet]`` (``replicas``,
 ``router``); flags given on the command line win over the file. A model that does not fit on ``--tp``
 GPUs is refused with the smallest tensor-parallel size that fits (:mod:`course.sim.parallel`).
@@ -29,6 +33,7 @@ from course.kv import vllm
 from course.kv.catalogue import catalogue, get_model
 from course.sim import parallel
 from course.sim.config import SCHEDULERS, SimConfig, kv_blocks, read_config_file
+from course.vllm_release import NEWEST, RELEASES, RUNNABLE, get_release
 
 MODELS = tuple(catalogue())  # the one model catalogue (course/data/kv_models.json), as course kv reads it
 DEFAULTS = {
@@ -95,6 +100,12 @@ def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("scheduler (vLLM's names and defaults)")
+    s.add_argument(
+        "--vllm",
+        choices=[r.short for r in RELEASES] + [r.version for r in RELEASES],
+        help=f"the vLLM release whose defaults, block size and KV budget apply: {NEWEST.short} (default, the newest) "
+        f"or {RUNNABLE.short} (the runnable CPU build's)",
+    )
     s.add_argument("--scheduler", choices=SCHEDULERS, help="continuous (vLLM V1), prefill-first (V0) or static")
     s.add_argument(
         "--max-num-seqs", type=int, help="most running requests (static: batch size; default vLLM's for the --gpu)"
@@ -119,11 +130,16 @@ def _add_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="shed (HTTP 503) requests arriving while this many are unfinished (vLLM's load shedding; default off)",
     )
-    s.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
+    s.add_argument(
+        "--block-size",
+        type=int,
+        help=f"tokens per KV block (default the release's: {vllm.GPU_BLOCK_SIZE} in 0.34, {vllm.BLOCK_SIZE} in 0.32)",
+    )
     s.add_argument(
         "--num-blocks",
         type=int,
-        help="KV blocks in the cache (default: vLLM's budget for --model on --gpu at gpu_memory_utilization 0.92)",
+        help="KV blocks in the cache (default: the release's budget for --model on --gpu: 0.34 measures it after "
+        "warm-up at utilization 1.0, 0.32 estimates it at 0.92)",
     )
     s.add_argument("--kv-gib", type=float, help="size the cache from a KV budget in GiB instead of --num-blocks")
     _switch(s, "--prefix-caching", "enable_prefix_caching", True, "reuse cached prompt blocks (vLLM's default: on)")
@@ -233,7 +249,7 @@ def settings_from(args: argparse.Namespace) -> dict:
             if unknown:
                 raise ValueError(f"{args.config}: unknown [{section}] settings {sorted(unknown)}")
             settings[section].update(given)
-        for key in ("kv_gib",):
+        for key in ("kv_gib", "vllm"):
             if key in data:
                 settings["scheduler"][key] = data.pop(key)
         settings["scheduler"].update(data)
@@ -242,7 +258,7 @@ def settings_from(args: argparse.Namespace) -> dict:
         for key in DEFAULTS[section]:
             if flags.get(key) is not None:
                 settings[section][key] = flags[key]
-    for key in (*SCHEDULER_FLAGS, "kv_gib"):
+    for key in (*SCHEDULER_FLAGS, "kv_gib", "vllm"):
         if flags.get(key) is not None:
             settings["scheduler"][key] = flags[key]
     return settings
@@ -339,20 +355,25 @@ def _roofline_cost(c: dict, model: geometry.ModelGeometry):
 
 
 def _sim_config(scheduler: dict, c: dict, model: geometry.ModelGeometry | None) -> SimConfig:
-    """``vllm serve``'s settings on the ``--gpu`` (:meth:`SimConfig.vllm_defaults`) overridden by the
-    scheduler settings given, with the KV blocks of ``--num-blocks``, of ``--kv-gib`` per GPU, or else of
-    vLLM's budget; ``--pp`` batches per round (:func:`course.sim.parallel.pipeline_config`)."""
+    """``vllm serve``'s settings on the ``--gpu`` (:meth:`SimConfig.vllm_defaults`; the batch defaults are the
+    same in both releases for every catalogue GPU) overridden by the scheduler settings given, with the
+    release's block size and the KV blocks of ``--num-blocks``, of ``--kv-gib`` per GPU, or else of the
+    release's budget; ``--pp`` batches per round (:func:`course.sim.parallel.pipeline_config`)."""
     scheduler = dict(scheduler)
     kv_gib = scheduler.pop("kv_gib", None)
+    release = get_release(scheduler.pop("vllm", None))
     gpu = hardware.gpu(c["gpu"])
+    if "block_size" not in scheduler:
+        is_mla = model.is_mla if model is not None else False
+        scheduler["block_size"] = vllm.default_block_size(gpu, is_mla, release=release)
     if kv_gib is not None:
         model = model or _model(c["model"], c["num_params"])
         # --kv-gib is per GPU: what one GPU of the heaviest stage caches per token
         per_gpu = parallel.shard_geometry(parallel.heaviest_stage(model, c["pp"]), c["tp"])
-        scheduler["num_blocks"] = kv_blocks(kv_gib * 2**30, per_gpu, scheduler.get("block_size", 16))
+        scheduler["num_blocks"] = kv_blocks(kv_gib * 2**30, per_gpu, scheduler["block_size"])
     elif "num_blocks" not in scheduler:
         model = model or _model(c["model"], c["num_params"])
-        scheduler["num_blocks"] = _budget_blocks(model, gpu, scheduler, c["tp"], c["pp"])
+        scheduler["num_blocks"] = _budget_blocks(model, gpu, scheduler, c["tp"], c["pp"], release.version)
     return parallel.pipeline_config(SimConfig.vllm_defaults(gpu, **scheduler), c["pp"])
 
 
@@ -372,17 +393,24 @@ def _model(name: str, num_params: float | None) -> geometry.ModelGeometry:
 
 
 def _budget_blocks(
-    model: geometry.ModelGeometry, gpu: hardware.HardwareSpec, scheduler: dict, tp: int = 1, pp: int = 1
+    model: geometry.ModelGeometry,
+    gpu: hardware.HardwareSpec,
+    scheduler: dict,
+    tp: int = 1,
+    pp: int = 1,
+    release: str = RUNNABLE.version,
 ) -> int:
-    """vLLM's block count per GPU for ``model`` on ``tp x pp`` of ``gpu`` at today's default utilization,
-    with the reference log's activation peak and non-torch memory (:data:`course.kv.vllm.REFERENCE_LOG`).
-    A model vLLM would not start (one ``max_model_len`` request does not fit) is refused with the
-    smallest tensor-parallel size that fits."""
+    """vLLM ``release``'s block count per GPU for ``model`` on ``tp x pp`` of ``gpu`` at its default
+    utilization (0.34: measured after warm-up at 1.0; 0.32: the estimate at 0.92), with the reference log's
+    activation peak and non-torch memory (:data:`course.kv.vllm.REFERENCE_LOG`). A model vLLM would not
+    start (one ``max_model_len`` request does not fit) is refused with the smallest tensor-parallel size
+    that fits."""
     budget_args = {
         "max_model_len": scheduler.get("max_model_len") or model.max_position_embeddings or 8192,
-        "block_size": scheduler.get("block_size", vllm.BLOCK_SIZE),
+        "block_size": scheduler.get("block_size", vllm.default_block_size(gpu, model.is_mla, release=release)),
         "activation_bytes": vllm.REFERENCE_LOG.activation_bytes,
         "non_torch_bytes": vllm.REFERENCE_LOG.non_torch_bytes,
+        "release": release,
     }
     b = parallel.parallel_budget(model, gpu, tp, pp, **budget_args)
     if not b.fits_one_request:
@@ -403,9 +431,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the workload has no requests")
     fleet = settings["fleet"]
     if fleet["replicas"] != 1 or fleet["router"] != "round-robin":
-        return _run_fleet(args, requests, config, cost, slos, fleet["replicas"], fleet["router"])
+        return _run_fleet(args, requests, config, cost, slos, fleet["replicas"], fleet["router"], settings)
     result = simulate(requests, config, cost, name=f"{config.scheduler}: {requests.name}")
-    _report(args, result, requests, config, slos, f"{config.describe()}; {result.config['cost']}")
+    release = _release_named(settings)
+    _report(args, result, requests, config, slos, f"{release}: {config.describe()}; {result.config['cost']}", release)
     if not args.json:
         if result.failed:
             reason = next(r.error for r in result.requests if r.error)
@@ -414,14 +443,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace, result, requests, config: SimConfig, slos: dict, setup: str) -> None:
+def _release_named(settings: dict) -> str:
+    """The release whose defaults, block size and KV budget the run follows, as printouts name it:
+    "vLLM 0.34.0 rules"."""
+    return f"{get_release(settings['scheduler'].get('vllm')).name} rules"
+
+
+def _report(
+    args: argparse.Namespace, result, requests, config: SimConfig, slos: dict, setup: str, release: str = ""
+) -> None:
     """Save the traces if asked, then print the result as JSON or as a table under ``setup``."""
     if args.save_traces:
         from course.trace import save_traces
 
         save_traces(args.save_traces, result.traces, simulator=config.to_dict(), workload=requests.name)
     if args.json:
-        print(json.dumps(result.to_dict(**slos), indent=1))
+        print(json.dumps({**result.to_dict(**slos), "vllm": release.removesuffix(" rules")}, indent=1))
     else:
         print(f"{requests.name}: {len(requests)} requests")
         print(setup)
@@ -429,14 +466,15 @@ def _report(args: argparse.Namespace, result, requests, config: SimConfig, slos:
 
 
 def _run_fleet(
-    args: argparse.Namespace, requests, config: SimConfig, cost, slos: dict, replicas: int, router: str
+    args: argparse.Namespace, requests, config: SimConfig, cost, slos: dict, replicas: int, router: str, settings: dict
 ) -> int:
     """``course simulate --replicas N [--router ...]``: the replicas behind the router (course.sim.fleet)."""
     from course.sim.fleet import simulate_fleet
 
     result = simulate_fleet(requests, replicas, config, cost, router)
     described = cost.describe() if hasattr(cost, "describe") else cost
-    _report(args, result, requests, config, slos, f"each replica: {config.describe()}; {described}")
+    release = _release_named(settings)
+    _report(args, result, requests, config, slos, f"{release}; each replica: {config.describe()}; {described}", release)
     return 0
 
 
@@ -490,12 +528,14 @@ def _run_plan(args: argparse.Namespace, settings: dict) -> int:
         max_model_len=settings["scheduler"].get("max_model_len"),
         interconnect=c["interconnect"],
         roofline=_roofline_args(c),
+        release=get_release(settings["scheduler"].get("vllm")).version,
     )
     if args.json:
         finite = lambda v: None if isinstance(v, float) and v in (float("inf"), float("-inf")) or v != v else v  # noqa: E731
         print(json.dumps([{**{k: finite(v) for k, v in vars(p).items()}, "gpus": p.gpus} for p in plans], indent=1))
         return 0
-    print(f"{model.name}, {args.plan_rate:g} req/s of {workload_from({**base, 'rate': args.plan_rate}).name}; "
+    print(f"{_release_named(settings)}: {model.name}, {args.plan_rate:g} req/s of "
+          f"{workload_from({**base, 'rate': args.plan_rate}).name}; "
           f"{target.describe()}; router {settings['fleet']['router']}")  # fmt: skip
     if not plans:
         print("no shape fits: add GPUs (--plan-tp), a larger GPU (--plan-gpus) or shorten --max-model-len")

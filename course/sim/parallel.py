@@ -330,9 +330,12 @@ def parallel_cost(
 
 
 def batches_in_flight(pp: int, async_scheduling: bool = True) -> int:
-    """Batches vLLM 0.32 keeps in flight for ``pp`` stages under its V2 model runner (``max_concurrent_batches``):
-    ``pp`` to fill the pipeline, plus one scheduled ahead with async scheduling (2 for a single stage)."""
-    return pp + 1 if async_scheduling else pp
+    """Batches vLLM keeps in flight for ``pp`` stages (``max_concurrent_batches``; 0.32's V2 model runner and
+    0.34 alike): ``pp`` to fill the pipeline, plus one scheduled ahead with async scheduling (2 for a single
+    stage). :func:`course.kv.vllm.max_concurrent_batches` holds the rule, and 0.32's V1 runner's."""
+    from course.kv import vllm
+
+    return vllm.max_concurrent_batches(async_scheduling, pp)
 
 
 def pipeline_config(config: SimConfig, pp: int) -> SimConfig:
@@ -455,6 +458,7 @@ def deployment(
     interconnect: str | None = None,
     pp_interconnect: str | None = None,
     roofline: dict | None = None,
+    release: str | None = None,
     **scheduler: Any,
 ) -> tuple[SimConfig, ParallelCost]:
     """One vLLM replica of ``model`` on ``tp x pp`` GPUs: the simulator's settings and cost model.
@@ -465,21 +469,27 @@ def deployment(
     (:meth:`SimConfig.vllm_defaults`, overridden by ``scheduler``), with ``pp`` batches' token budget
     per round (:func:`pipeline_config`). Raises :class:`DoesNotFit`, naming the smallest TP that fits,
     when vLLM would not start. ``roofline`` goes to :class:`RooflineCost` (efficiencies, step overhead).
+    ``release`` names the vLLM release whose block size and budget apply ("0.34"; default 0.32's,
+    :mod:`course.vllm_release`).
     """
     from course.kv import vllm
 
     g = get_geometry(model)
     spec = hardware.gpu(gpu) if isinstance(gpu, str) else gpu
+    release = release or vllm.VLLM_VERSION
+    block_size = scheduler.get("block_size", vllm.default_block_size(spec, g.is_mla, release=release))
     budget_args = {
         "max_model_len": max_model_len or scheduler.get("max_model_len") or g.max_position_embeddings or 8192,
-        "block_size": scheduler.get("block_size", vllm.BLOCK_SIZE),
+        "block_size": block_size,
         "activation_bytes": vllm.REFERENCE_LOG.activation_bytes,
         "non_torch_bytes": vllm.REFERENCE_LOG.non_torch_bytes,
+        "release": release,
     }
     b = parallel_budget(g, spec, tp, pp, **budget_args)
     if not b.fits_one_request:
         raise DoesNotFit(does_not_fit_message(g, spec, tp, pp, **budget_args))
-    config = pipeline_config(SimConfig.vllm_defaults(spec, **{"num_blocks": b.num_blocks, **scheduler}), pp)
+    settings = {"num_blocks": b.num_blocks, "block_size": block_size, **scheduler}
+    config = pipeline_config(SimConfig.vllm_defaults(spec, **settings), pp)
     cost = parallel_cost(
         g, spec, tp, pp, interconnect=interconnect, pp_interconnect=pp_interconnect, **(roofline or {})
     )

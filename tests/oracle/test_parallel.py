@@ -11,8 +11,10 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from course.kv import vllm
 from course.kv.catalogue import catalogue, get_model
 from course.sim import parallel
+from course.vllm_release import VLLM_VERSION
 
 
 @pytest.mark.parametrize("name", [n for n in catalogue() if get_model(n).num_layers >= 8])
@@ -43,6 +45,7 @@ def test_a_pipeline_keeps_one_batch_in_flight_per_stage(pp, async_scheduling, v2
         use_v2_model_runner=v2_runner,
     )
     theirs = VllmConfig.max_concurrent_batches.fget(config)
+    assert theirs == vllm.max_concurrent_batches(async_scheduling, pp, release=VLLM_VERSION, v2_model_runner=v2_runner)
     if v2_runner or pp == 1:  # the V2 runner (0.32's GPU default); V1 adds no batch for async under PP
         assert theirs == parallel.batches_in_flight(pp, async_scheduling)
     else:

@@ -127,6 +127,21 @@ def test_reading_explains_the_figures_against_the_physics_never_a_target():
     assert "80% of the memory roof: the step is the read" in fast_read
     assert "30% of the compute roof" in slow_prefill and "up to 512 tokens" in slow_prefill
     assert not any("target" in line for line in [free, costly, slow_read, fast_read, fast_prefill, slow_prefill])
+    # Measured above a roof: the roof was slowed, and the line says so instead of reading it.
+    _, above_read, above_prefill = figures(1.2, step1 / 3, t512 / 2)
+    assert "120% of the memory roof: above the roof" in above_read
+    assert "180% of the compute roof: above the roof" in above_prefill
+    # The roofline's own batch-8 ratio on a low compute roof is not a kernel's fault.
+    low_compute = phases.PhaseFigures(lm, _roofs(flops=1e8), "stock", 256, [], [], threads=1)
+    physics = phases.roofline_step_seconds(lm, low_compute.roofs, 8, 256) / phases.roofline_step_seconds(
+        lm, low_compute.roofs, 1, 256
+    )
+    assert physics > phases.FREE_RATIO
+    step = phases.roofline_step_seconds(lm, low_compute.roofs, 1, 256)
+    low_compute.decode = [Timing(1, step, step, step, 3), Timing(8, physics * step, physics * step, physics * step, 3)]
+    low_compute.prefill = [Timing(512, t512, t512, t512, 3)]
+    as_predicted, read_line, _ = phases.reading(low_compute)
+    assert "as the roofline predicts" in as_predicted and "batch 8 costs about batch 1" not in read_line
 
 
 def test_observed_free_batch_interpolates_where_the_ratio_crosses_1_5():

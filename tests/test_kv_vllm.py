@@ -403,9 +403,12 @@ def test_course_simulate_reads_the_same_catalogue_and_the_gpus_vllm_defaults(cap
         1024,
         True,
     )
-    expected = kv.budget("Qwen2.5-7B", "H100-SXM", activation_bytes=vllm.REFERENCE_LOG.activation_bytes,
-                         non_torch_bytes=vllm.REFERENCE_LOG.non_torch_bytes)  # fmt: skip
-    assert config["num_blocks"] == expected.num_blocks
+    log = dict(activation_bytes=vllm.REFERENCE_LOG.activation_bytes, non_torch_bytes=vllm.REFERENCE_LOG.non_torch_bytes)
+    expected = kv.budget("Qwen2.5-7B", "H100-SXM", release="0.34", **log)  # the newest release by default
+    assert (config["num_blocks"], config["block_size"]) == (expected.num_blocks, 64)
+    assert course_main([*args, "--gpu", "H100-SXM", "--vllm", "0.32"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert (config["num_blocks"], config["block_size"]) == (kv.budget("Qwen2.5-7B", "H100-SXM", **log).num_blocks, 16)
     assert course_main([*args, "--gpu", "L4", "--no-prefix-caching", "--num-blocks", "900"]) == 0
     config = json.loads(capsys.readouterr().out)["config"]
     assert (config["max_num_batched_tokens"], config["max_num_seqs"]) == (2048, 256)

@@ -582,3 +582,46 @@ def test_held_blocks_count_as_used_and_come_back_by_name():
         blocks.release(2)
     with pytest.raises(ValueError, match="prefix caching"):
         BlockManager(6, 4, enable_prefix_caching=True).hold(1)
+
+
+# --- where a learner's scheduler first departs from the simulator (module 3, Exercise 3.4's messages) ---------
+
+
+def _harness_run(step_function, requests, num_blocks: int = 4096, block_size: int = 16):
+    from course.sim import harness
+
+    return harness.run(
+        requests, step_function, BlockManager(num_blocks, block_size), LinearCost(0.004, 2e-5, 3e-4, 1e-7)
+    )
+
+
+def test_first_difference_is_none_for_the_reference_step_and_names_the_step_a_wrong_one_changes():
+    import functools
+
+    from course.sim import harness
+
+    cost = LinearCost(0.004, 2e-5, 3e-4, 1e-7)
+    requests = workload.all_at_once(6, 40, 5)
+    expected = simulate(requests, SimConfig(max_num_batched_tokens=256, max_num_seqs=2, num_blocks=4096), cost)
+    right = _harness_run(functools.partial(steps.continuous_step, token_budget=256, max_num_seqs=2), requests)
+    assert harness.first_difference(right, expected) is None
+    uncapped = _harness_run(functools.partial(steps.continuous_step, token_budget=256, max_num_seqs=6), requests)
+    message = harness.first_difference(uncapped, expected)
+    assert message is not None and message.startswith("step 0 ")
+    assert "requests in the batch 6, expected 2" in message  # what came, and what was expected
+
+
+def test_first_token_difference_names_the_earliest_token_that_differs():
+    from course.sim import harness
+    from course.trace import RequestTrace
+
+    def trace(rid: str, times: list[float]) -> RequestTrace:
+        return RequestTrace(rid, 0.0, chunk_times=times, chunk_tokens=[1] * len(times), prompt_tokens=4,
+                            output_tokens=len(times))  # fmt: skip
+
+    want = [trace("a", [1.0, 2.0, 3.0]), trace("b", [1.0, 4.0])]
+    assert harness.first_token_difference([trace("a", [1.0, 2.0, 3.0]), trace("b", [1.0, 4.0])], want) is None
+    message = harness.first_token_difference([trace("a", [1.0, 2.0, 3.5]), trace("b", [1.0, 2.5])], want)
+    assert message.startswith("request b's token 2") and "t = 2.500000 s, expected t = 4.000000 s" in message
+    missing = harness.first_token_difference([trace("a", [1.0, 2.0]), trace("b", [1.0, 4.0])], want)
+    assert "request a's token 3" in missing and "no token" in missing

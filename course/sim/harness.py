@@ -123,6 +123,64 @@ class HarnessRun:
         return [requests.record(i, steps) for i in range(len(requests))]
 
 
+# The step-log columns that say what a step did, and what to call them in a message.
+_STEP_FIELDS = {
+    "num_seqs": "requests in the batch",
+    "prefill_tokens": "prompt tokens computed",
+    "decode_tokens": "decode tokens",
+    "used_blocks": "KV blocks in use",
+    "waiting": "requests waiting",
+}
+
+
+def first_difference(mine: HarnessRun | SimResult, expected: SimResult, atol: float = 1e-9) -> str | None:
+    """Where a run first departs from an expected one, in words; None when every step and token time agrees.
+
+    Compares the step logs step by step (what each step computed, then when it ended), then the requests'
+    token times: the message names the first step that differs, with both values, so a scheduler that goes
+    wrong says where (module 3, Exercise 3.4's tests).
+    """
+    got, want = mine.steps, expected.steps
+    for i in range(min(len(got.end), len(want.end))):
+        for name, label in _STEP_FIELDS.items():
+            a, b = getattr(got, name)[i], getattr(want, name)[i]
+            if a != b:
+                return (
+                    f"step {i} (starting at t = {want.start[i]:.6f} s) differs first: {label} {a}, expected {b} "
+                    f"(that step expected {want.num_seqs[i]} requests, {want.prefill_tokens[i]} prompt and "
+                    f"{want.decode_tokens[i]} decode tokens)"
+                )
+        if abs(got.end[i] - want.end[i]) > atol:
+            return f"step {i} ends at t = {got.end[i]:.6f} s, expected {want.end[i]:.6f} s (same batch, other time)"
+    if len(got.end) != len(want.end):
+        agree = min(len(got.end), len(want.end))
+        return f"the run took {len(got.end)} steps, expected {len(want.end)} (the first {agree} agree)"
+    return first_token_difference(mine.traces, expected.traces, atol)
+
+
+def first_token_difference(traces: list[RequestTrace], expected: list[RequestTrace], atol: float = 1e-9) -> str | None:
+    """The first token (in time) whose arrival differs between two runs of the same requests, in words; None if
+    every request got the same token times (within ``atol`` seconds)."""
+    if [t.request_id for t in traces] != [t.request_id for t in expected]:
+        ids, want_ids = [t.request_id for t in traces], [t.request_id for t in expected]
+        return f"requests {ids[:5]}... came back, expected {want_ids[:5]}... (one trace per request, in order)"
+    first = None
+    for got, want in zip(traces, expected):
+        for k in range(max(len(got.chunk_times), len(want.chunk_times))):
+            a = got.chunk_times[k] if k < len(got.chunk_times) else None
+            b = want.chunk_times[k] if k < len(want.chunk_times) else None
+            if a is None or b is None or abs(a - b) > atol:
+                when = min(x for x in (a, b) if x is not None)
+                if first is None or when < first[0]:
+                    first = (when, got.request_id, k, a, b)
+                break
+    if first is None:
+        return None
+    _, rid, k, a, b = first
+    shown = lambda x: "no token" if x is None else f"t = {x:.6f} s"  # noqa: E731
+    return f"request {rid}'s token {k + 1} (the earliest that differs): {shown(a)}, expected {shown(b)}"
+
+
 def retire(finished: list[SimRequest], running: list[SimRequest], waiting: deque, blocks) -> None:
     """Free finished requests' blocks, in the order they finished, and drop them from the batch.
 

@@ -65,9 +65,10 @@ def _post(path: bytes, extra_headers: bytes = b"", body: bytes = BODY) -> bytes:
 @pytest.fixture(scope="module")
 def server():
     engine = Engine(shared_chatty_model(seed=3), max_batch_size=4, max_model_len=256)
-    limits = ConnectionLimits(
-        max_header_bytes=8192, max_header_count=50, header_timeout=0.6, body_timeout=0.6, keep_alive_timeout=0.6
-    )
+    limits = ConnectionLimits(  # the timeouts scaled down from 20 s and 5 s, and the body's minimum rate with them
+        max_header_bytes=8192, max_header_count=50, header_timeout=0.6, body_timeout=0.6, keep_alive_timeout=0.6,
+        body_min_rate=50.0,
+    )  # fmt: skip
     with BackgroundServer(create_app(engine=engine, model_name=MODEL), limits=limits) as running:
         yield running
 
@@ -97,7 +98,8 @@ def test_unfinished_requests_and_idle_connections_are_closed(server):
     partial = {
         "request line": b"POST /v1/compl",
         "headers": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n",
-        "body": b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 400\r\n\r\n{"prompt": ',
+        "body": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 400\r\n\r\n{"prompt": ',
     }
     for name, request in partial.items():
         with socket.create_connection((server.host, server.port)) as sock:

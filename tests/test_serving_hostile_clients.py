@@ -107,6 +107,7 @@ def test_disconnect_while_the_body_is_read_is_one_info_line(server):
         with socket.create_connection((server.host, server.port)) as sock:
             sock.sendall(
                 b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k3y\r\n"
+                b"Content-Type: application/json\r\n"
                 b'Content-Length: 1000\r\n\r\n{"prompt": "x'
             )
             time.sleep(0.3)

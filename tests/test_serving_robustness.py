@@ -27,9 +27,10 @@ def malformed_requests(rng: random.Random) -> list[tuple[str, dict]]:
     raw = [b"", b"{", b"}", b"null", b"42", b'"text"', b"[]", b'{"prompt": }', b"\xff\xfe\x00", b'{"prompt": "x"'] + [
         bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 40))) for _ in range(10)
     ]
+    json_type = {"content-type": "application/json"}  # declared JSON: the parser must refuse them with a 400
     for body in raw:
-        cases.append(("completions", {"content": body}))
-        cases.append(("chat/completions", {"content": body}))
+        cases.append(("completions", {"content": body, "headers": json_type}))
+        cases.append(("chat/completions", {"content": body, "headers": json_type}))
     wrong_values = [None, True, -1, 0, 1.5, "abc", [], {}, [1, "a"], {"x": 1}, 10**9]
     for field in ("prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "model"):
         for value in wrong_values:
@@ -77,6 +78,7 @@ def test_malformed_requests_then_random_disconnects(server):
                 assert "error" in response.json(), response.text
     assert not [s for s in statuses if s >= 500], "a client's mistake must never be a 5xx"
     assert statuses.count(400) >= 100
+    assert statuses[-1] == 415, "JSON sent as text/plain (a cross-site form's type) is refused"
 
     async def stream(i: int, http: httpx.AsyncClient) -> tuple[int, int]:
         body = {"model": MODEL, "prompt": f"stream {i}", "max_tokens": 200, "stream": True, "ignore_eos": True}

@@ -5,6 +5,11 @@ thread, or a coroutine on an event loop (``async for``). Each request's :class:`
 its events in a thread-safe queue until an ``async for`` attaches a loop, and from then on hands
 them to that loop. :func:`deliver` sends one step's events with one wake-up per event loop, not
 one per token: at 64 streams that is the difference between one ``call_soon_threadsafe`` and 64.
+
+A sink consumed with ``async for`` may be given a bound (:meth:`EventSink.bound`): once more events
+wait in its queue than that (its consumer, a stream whose client stopped reading, fell behind), a
+callback runs once; the server aborts the request there, so a client that reads nothing holds neither
+a batch slot nor an unbounded queue.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, NamedTuple
 
 from course.serving.sampler import SamplingParams
@@ -50,6 +55,25 @@ class EventSink:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.async_queue: asyncio.Queue | None = None
         self._sync_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._limit = 0
+        self._on_full: Callable[[], None] | None = None
+
+    def bound(self, limit: int, on_full: Callable[[], None]) -> None:
+        """Call ``on_full()`` once, on the consumer's event loop, when more than ``limit`` events wait
+        for an ``async for`` consumer."""
+        self._limit, self._on_full = limit, on_full
+
+    def put(self, event: TokenEvent) -> None:
+        """The consumer's event loop: queue ``event`` for it (and check the bound)."""
+        self.async_queue.put_nowait(event)
+        if self._on_full is not None and self.async_queue.qsize() > self._limit:
+            on_full, self._on_full = self._on_full, None
+            on_full()
+
+    @property
+    def backlog(self) -> int:
+        """Events waiting for an ``async for`` consumer (0 before one attached)."""
+        return self.async_queue.qsize() if self.async_queue is not None else 0
 
     def route(self, event: TokenEvent) -> asyncio.AbstractEventLoop | None:
         """Engine thread: queue ``event`` for a plain consumer, or return the loop to hand it to."""
@@ -93,9 +117,9 @@ def deliver(pending: list[tuple[EngineRequest, TokenEvent]]) -> None:
     for request, event in pending:
         loop = request.sink.route(event)
         if loop is not None and loop is here:
-            request.sink.async_queue.put_nowait(event)
+            request.sink.put(event)
         elif loop is not None:
-            by_loop.setdefault(loop, []).append((request.sink.async_queue, event))
+            by_loop.setdefault(loop, []).append((request.sink, event))
     for loop, items in by_loop.items():
         with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
             loop.call_soon_threadsafe(_put_all, items)
@@ -110,9 +134,9 @@ def wait_for_tokens(request: EngineRequest) -> list[int]:
     return list(request.output_ids)
 
 
-def _put_all(items: list) -> None:
-    for async_queue, event in items:
-        async_queue.put_nowait(event)
+def _put_all(items: list[tuple[EventSink, TokenEvent]]) -> None:
+    for sink, event in items:
+        sink.put(event)
 
 
 class EngineRequest:

@@ -209,7 +209,8 @@ class ConnectionLimits:
     for a request that never finishes: a client that sends megabytes of headers without their end,
     or nothing at all, holds that memory and the connection for as long as it likes. The course's
     protocol (:func:`http_protocol`) adds the limits web servers have (nginx's
-    ``large_client_header_buffers``, ``client_header_timeout``, ``client_body_timeout``).
+    ``large_client_header_buffers``, ``client_header_timeout``, ``client_body_timeout`` and
+    ``send_timeout``; Apache's ``RequestReadTimeout body=20,MinRate=500``, mod_reqtimeout's default).
 
     Attributes:
         max_header_bytes: request line plus headers; more gets 431 and the connection is closed.
@@ -218,6 +219,12 @@ class ConnectionLimits:
             connection's start or the end of the previous response (408, or a silent close when
             nothing arrived).
         body_timeout: seconds without a byte while a request body is unfinished (408).
+        body_min_rate: bytes per second a body must average once ``body_timeout`` has passed: the
+            whole body must arrive within ``body_timeout`` s plus one second per ``body_min_rate``
+            bytes received (408 otherwise; 0: no such deadline). A body sent one byte every 12 s is
+            cut off after about 20 s; a 4 MiB body may take 20 s + 8,389 s.
+        send_timeout: seconds a response may wait for its client to read (the connection's buffers
+            full: the client stopped reading) before the connection is closed and its request aborted.
         keep_alive_timeout: an idle keep-alive connection is closed after this many seconds (uvicorn's).
     """
 
@@ -225,6 +232,8 @@ class ConnectionLimits:
     max_header_count: int = 256
     header_timeout: float = 20.0
     body_timeout: float = 20.0
+    body_min_rate: float = 500.0
+    send_timeout: float = 60.0
     keep_alive_timeout: float = 5.0
 
 

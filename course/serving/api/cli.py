@@ -16,7 +16,11 @@ import os
 import sys
 
 from course.serving.api.background import ConnectionLimits  # light: no uvicorn
-from course.serving.api.protocol import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_REQUEST_BYTES  # light: no FastAPI
+from course.serving.api.protocol import (  # light: no FastAPI
+    DEFAULT_CHAT_MAX_TOKENS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_STREAM_BACKLOG,
+)
 from course.serving.prefix_cache import DEFAULT_CAPACITY_BYTES as DEFAULT_PREFIX_CACHE_BYTES  # light: no torch
 
 _LIMITS = ConnectionLimits()  # the defaults of --max-header-bytes and the timeouts
@@ -165,6 +169,28 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {_LIMITS.body_timeout:g})",
     )
     parser.add_argument(
+        "--body-min-rate",
+        type=float,
+        default=_LIMITS.body_min_rate,
+        help="bytes per second a request body must average: it must arrive within --body-timeout s plus 1 s per "
+        f"this many bytes, else 408 and close (Apache's MinRate; default {_LIMITS.body_min_rate:g}; 0 = no deadline)",
+    )
+    parser.add_argument(
+        "--send-timeout",
+        type=float,
+        default=_LIMITS.send_timeout,
+        help="seconds a response may wait for a client that reads none of it before the connection is closed and "
+        f"its request aborted (nginx's send_timeout; default {_LIMITS.send_timeout:g})",
+    )
+    parser.add_argument(
+        "--max-stream-backlog",
+        type=int,
+        default=DEFAULT_MAX_STREAM_BACKLOG,
+        help="tokens a stream may have waiting for a client that reads more slowly than they are generated; past "
+        f"them its generation is aborted and its batch slot freed (default {DEFAULT_MAX_STREAM_BACKLOG}; 0 = no "
+        "bound)",
+    )
+    parser.add_argument(
         "--timeout-keep-alive",
         type=float,
         default=_LIMITS.keep_alive_timeout,
@@ -239,6 +265,7 @@ def _build_app(args: argparse.Namespace, lm):
         max_prefill_tokens=args.max_prefill_tokens,
         max_request_bytes=args.max_request_bytes,
         max_waiting_requests=args.max_waiting_requests,
+        max_stream_backlog=args.max_stream_backlog or None,
         default_max_tokens=args.default_max_tokens or None,
         api_key=args.api_key,
         cache_isolation=args.cache_isolation,
@@ -270,6 +297,8 @@ def _uvicorn_config(args: argparse.Namespace, app):
         max_header_bytes=args.max_header_bytes,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        body_min_rate=args.body_min_rate,
+        send_timeout=args.send_timeout,
         keep_alive_timeout=args.timeout_keep_alive,
     )
     return uvicorn_config(

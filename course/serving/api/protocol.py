@@ -41,6 +41,10 @@ from course.serving.sampler import InvalidSamplingParam, SamplingParams
 DONE_EVENT = "data: [DONE]\n\n"
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # larger bodies get 413 (a 128k-token prompt is about 0.5 MB of text)
 DEFAULT_CHAT_MAX_TOKENS = 1024  # what a chat request without max_tokens may generate, unless the operator says
+# Tokens a stream may have waiting for its client beyond what its connection holds (each one event, some
+# 100 bytes, or about 2 KB with 20 logprobs): a client falls this far behind only when its own kernel has
+# stopped taking data (it read nothing for a long while) and the server-side buffers are full.
+DEFAULT_MAX_STREAM_BACKLOG = 64
 CHAT_ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 

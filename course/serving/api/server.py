@@ -7,11 +7,20 @@ errors and disconnect handling follow vLLM 0.11; see :mod:`course.serving.api.pr
 
 What keeps one request from hurting the others:
 
+* a generation route takes only ``Content-Type: application/json`` (415 otherwise, before the body is
+  read), as vLLM's ``validate_json_request`` does (vLLM answers 400): a web page can send a cross-site
+  "simple" request, without the browser asking the server first, only as ``text/plain``, a form or with
+  no type, so no page a user visits can start a generation on a server on their machine or network;
 * the body is read with a size limit (413 past ``max_request_bytes``: :mod:`course.serving.api.operator`);
 * JSON parsing, validation, tokenization and chat templating run on one worker thread, not on
   the event loop, so a large prompt cannot stall the other streams or ``/health`` (the Rust
   tokenizer releases the GIL); a prompt with too many characters to fit is refused untokenized;
-* a waiting queue longer than ``max_waiting_requests`` is answered with 503 and ``Retry-After``.
+* a waiting queue longer than ``max_waiting_requests`` is answered with 503 and ``Retry-After``;
+* a stream whose client reads more slowly than the engine generates keeps at most
+  ``max_stream_backlog`` tokens waiting on this side of its connection (whose own buffers are capped:
+  :mod:`course.serving.api.http_limits`); past that its generation is aborted, which frees its batch slot
+  and KV cache at once, and it ends with an error event if the client ever reads on. A client that reads
+  nothing for ``send_timeout`` s has its connection closed (``ConnectionLimits``).
 
 Disconnects: a streaming response watches the connection while it streams; a non-streaming
 request races its generation against the connection (vLLM's ``with_cancellation``). Either way
@@ -37,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +62,7 @@ from course.serving.api.operator import OperatorMiddleware, api_keys, overload_r
 from course.serving.api.protocol import (
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_STREAM_BACKLOG,
     DONE_EVENT,
     BadRequest,
     ChunkWriter,
@@ -72,6 +83,9 @@ from course.serving.engine import Engine, EngineRequest, EngineStopped
 from course.serving.engine_client import EngineClient
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+JSON_MEDIA_TYPE = "application/json"
+
+logger = logging.getLogger("course.serving.server")
 
 
 async def wait_for_disconnect(receive) -> None:
@@ -150,8 +164,13 @@ class _Generation:
         metrics=None,
         state=None,
         cache_salt: str | None = None,
+        max_backlog: int | None = None,
+        streams: set | None = None,
     ) -> None:
         self.engine = engine
+        self.streams = streams  # the server's open streams: this one is in it while it streams
+        self.max_backlog = max_backlog  # a stream's tokens waiting for its client; more: aborted (None: no bound)
+        self.too_slow = False  # aborted because its client fell max_backlog tokens behind
         self.request = request
         self.writer = ChunkWriter(request)
         self.detok = IncrementalDetokenizer(tokenizer, request.prompt_ids)
@@ -175,6 +194,19 @@ class _Generation:
     def abort(self) -> None:
         if self.finish_reason is None or self.engine_request.finish_reason is None:
             self.engine.abort(self.engine_request.request_id)
+
+    def _client_too_slow(self) -> None:
+        """More than ``max_backlog`` tokens wait for this stream's client: stop generating (the batch slot
+        and the KV cache are freed before the next step); what waits goes out if the client reads on."""
+        self.too_slow = True
+        self.engine.abort(self.engine_request.request_id)
+        request_id = (self.state or {}).get("request_id", self.engine_request.request_id)
+        logger.info(
+            "request_id=%s: its client read too slowly (more than %d tokens waited to be sent): generation "
+            "aborted, its batch slot freed",
+            request_id,
+            self.max_backlog,
+        )
 
     def _logprobs_of(self, event) -> dict | None:
         """The logprobs part of this token's chunk (None unless the request asked for them)."""
@@ -202,6 +234,8 @@ class _Generation:
 
     def _done(self) -> None:
         """Abort what is still running, record the metrics and the usage (once per request)."""
+        if self.streams is not None:
+            self.streams.discard(self)
         if self.engine_request.finish_reason is None:
             self.engine.abort(self.engine_request.request_id)
         if self.state is not None:
@@ -215,12 +249,23 @@ class _Generation:
 
     async def events(self) -> AsyncIterator[str]:
         """SSE events: (role chunk), one chunk per token, (usage chunk), [DONE]."""
+        if self.max_backlog:
+            self.engine_request.sink.bound(self.max_backlog, self._client_too_slow)
+        if self.streams is not None:
+            self.streams.add(self)
         try:
             async for event in self.engine_request:
                 if event.token is None:
                     if event.error:
                         self.error = event.error
                         yield sse_event(_failure_body(event.error, event.status or 500))
+                        yield DONE_EVENT
+                    elif self.too_slow:  # the client read on after all: say why the stream stopped
+                        message = (
+                            f"The stream was stopped: its client read too slowly (more than {self.max_backlog} "
+                            "tokens waited to be sent). Read a stream as it arrives."
+                        )
+                        yield sse_event(error_body(message, "SlowClientError", code=408))
                         yield DONE_EVENT
                     return  # aborted: the client is gone
                 self.completion_tokens += 1
@@ -274,6 +319,7 @@ def create_app(
     max_prefill_tokens: int = 512,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_waiting_requests: int | None = None,
+    max_stream_backlog: int | None = DEFAULT_MAX_STREAM_BACKLOG,
     default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
     api_key: str | Sequence[str] | None = None,
     access_log: bool = False,
@@ -299,6 +345,8 @@ def create_app(
         max_request_bytes: larger request bodies get 413.
         max_waiting_requests: with this many requests already waiting for the engine, new ones
             get 503 with ``Retry-After`` (None: no limit).
+        max_stream_backlog: a stream whose client falls more than this many tokens behind (they wait
+            on this side of its connection) is aborted, freeing its batch slot (None: no bound).
         default_max_tokens: a chat request without ``max_tokens`` generates at most this many
             (None: up to the context length, vLLM's default). Completions default to 16 (OpenAI).
         api_key: require ``Authorization: Bearer <api_key>`` on the ``/v1`` routes; a list of keys
@@ -343,6 +391,7 @@ def create_app(
         aliases,
         max_request_bytes=max_request_bytes,
         max_waiting_requests=max_waiting_requests,
+        max_stream_backlog=max_stream_backlog,
         default_max_tokens=default_max_tokens,
         per_key_cache=cache_isolation == "per-key",
     )
@@ -412,6 +461,7 @@ class OpenAIRoutes:
         *,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_waiting_requests: int | None = None,
+        max_stream_backlog: int | None = DEFAULT_MAX_STREAM_BACKLOG,
         default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
         per_key_cache: bool = False,
     ) -> None:
@@ -422,6 +472,10 @@ class OpenAIRoutes:
         self.name = name
         self.max_request_bytes = max_request_bytes
         self.max_waiting_requests = max_waiting_requests
+        if max_stream_backlog is not None and max_stream_backlog < 1:
+            raise ValueError(f"max_stream_backlog must be >= 1 (None: no bound), got {max_stream_backlog}")
+        self.max_stream_backlog = max_stream_backlog
+        self.streams: set[_Generation] = set()  # the streams being sent now (for /health's backlog)
         tokenizer = engine.lm.tokenizer
         self.context = ServingContext(
             tokenizer,
@@ -473,6 +527,9 @@ class OpenAIRoutes:
         words (``reason``) when it is dead, shutting down or wedged (vLLM answers 503 when its engine is dead)."""
         reason = self.engine.health()
         body = {"status": "ok" if reason is None else "error", "model": self.name, **self.engine.stats()}
+        # what waits for slow clients on this side of their connections: bounded by max_stream_backlog each
+        body["streams"] = len(self.streams)
+        body["stream_backlog"] = self.stream_backlog()
         if reason is None:
             return body
         return JSONResponse({**body, "reason": reason}, status_code=503)
@@ -481,6 +538,10 @@ class OpenAIRoutes:
         from course.serving.api.prometheus import CONTENT_TYPE
 
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    def stream_backlog(self) -> int:
+        """Tokens (events) generated for the open streams and not yet handed to their connections."""
+        return sum(stream.engine_request.sink.backlog for stream in list(self.streams))
 
     def _model_card(self, model_id: str) -> dict:
         return {
@@ -495,6 +556,7 @@ class OpenAIRoutes:
         return parse(parse_json_body(raw), self.context)
 
     async def _generate(self, request: Request, parse) -> Any:
+        _require_json(request)
         raw = await read_body(request, self.max_request_bytes)
         loop = asyncio.get_running_loop()
         generation_request = await loop.run_in_executor(self.tokenizer_thread, self._parse, raw, parse)
@@ -505,7 +567,14 @@ class OpenAIRoutes:
         if self.per_key_cache:  # the middleware let the request in with a key: its tenant is known
             salt = tenant_salt(state["tenant"], salt)
         generation = _Generation(
-            self.engine, generation_request, self.engine.lm.tokenizer, self.metrics, request.scope.get("state"), salt
+            self.engine,
+            generation_request,
+            self.engine.lm.tokenizer,
+            self.metrics,
+            request.scope.get("state"),
+            salt,
+            self.max_stream_backlog,
+            self.streams,
         )
         if generation_request.stream:
             return _event_stream_response(generation.events(), generation.abort)
@@ -526,3 +595,22 @@ class OpenAIRoutes:
             return JSONResponse(collecting.result())
         except GenerationFailed as err:
             return JSONResponse(_failure_body(err.message, err.status), status_code=err.status)
+
+
+def _require_json(request: Request) -> None:
+    """BadRequest 415 unless the request says its body is JSON (``Content-Type: application/json``, any
+    parameters such as a charset allowed), as vLLM's ``validate_json_request`` requires (vLLM 0.32,
+    ``vllm/entrypoints/serve/utils/api_utils.py``; it answers 400). The OpenAI client, ``httpx``'s and
+    ``requests``' ``json=`` and ``curl --json`` send it; a browser's cross-site request without a CORS
+    preflight cannot (it may send only ``text/plain``, the two form types, or no type)."""
+    given = request.headers.get("content-type")
+    media_type = (given or "").split(";", 1)[0].strip().lower()
+    if media_type == JSON_MEDIA_TYPE:
+        return
+    got = f"its Content-Type is {clip(given)!r}" if given is not None else "it has no Content-Type"
+    raise BadRequest(
+        f"Unsupported Media Type: Only 'application/json' is allowed ({got}). Send the body as JSON with "
+        "'Content-Type: application/json' (curl: --json, or -H 'Content-Type: application/json').",
+        status=415,
+        err_type="UnsupportedMediaTypeError",
+    )

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -256,3 +257,67 @@ def test_kv_schemes_take_vllms_names_and_the_short_ones():
         assert capacity.kv_scheme(short) == vllm_name
     with pytest.raises(ValueError, match="int8_per_token_head, int4_per_token_head, fp8"):
         capacity.kv_scheme("bf16")
+
+
+# --- steady-state windows from simulated runs ----------------------------------------------------------
+
+
+def _simulated(n=300, rate=30.0, seed=0, replicas=1):
+    import course.sim as sim
+    from course.sim import fleet
+
+    config = sim.SimConfig(num_blocks=400, max_num_seqs=32, max_num_batched_tokens=512)
+    cost = sim.LinearCost(0.004, 2e-5, 1e-4, 1e-7)
+    work = capacity.chat_traffic(rate, n, seed=seed, prompt=64)
+    if replicas == 1:
+        return sim.simulate(work, config, cost)
+    return fleet.simulate_fleet(work, replicas, config, cost)
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_window_latencies_give_the_same_check_as_the_selected_traces(replicas):
+    """The fast path (the runs' columns) and the traces give the same SLO check, for one run and for a fleet
+    whose window starts at the fleet's first arrival; a class filter keeps only its requests."""
+    run = _simulated(replicas=replicas)
+    traces = run.traces
+    window = capacity.SteadyWindow(2.0, 4.0, 1.0)
+    slo = capacity.SLO("chat", ttft=0.5, tpot=0.02, percentile=90)
+    assert slo.check_latencies(capacity.window_latencies(run, window)) == slo.check(window.select(traces))
+    odd = [t for t in window.select(traces) if int(t.request_id) % 2]
+    kept = capacity.window_latencies(run, window, keep=lambda rid: int(rid) % 2 == 1)
+    assert slo.check_latencies(kept) == slo.check(odd)
+
+
+def test_window_latencies_count_the_preempted_requests_and_pool_over_seeds():
+    run = _simulated(n=400, rate=60.0)  # a 400-block cache for 60 req/s: the scheduler preempts
+    everything = capacity.SteadyWindow(0.0, 1e9)
+    got = capacity.window_latencies(run, everything)
+    assert got.preempted == run.preempted_requests > 0 and got.requests == len(run.traces)
+    twice = got + got
+    assert twice.requests == 2 * got.requests and twice.preempted == 2 * got.preempted
+    with pytest.raises(ValueError, match="at least one"):
+        capacity.window_latencies([], everything)
+
+
+def test_check_latencies_needs_requests():
+    empty = capacity.WindowLatencies(np.zeros(0), np.zeros(0))
+    with pytest.raises(ValueError, match="no requests"):
+        SLO.check_latencies(empty)
+    failed_only = capacity.WindowLatencies(np.zeros(0), np.zeros(0), failed=2)
+    assert not SLO.check_latencies(failed_only).holds
+
+
+def test_steady_capacity_pools_its_seeds():
+    calls = []
+
+    def run_at(rate, n, seed):
+        calls.append((rate, seed))
+        return _simulated(n=n, rate=rate, seed=seed)
+
+    found = capacity.steady_capacity(
+        run_at, capacity.SLO("x", ttft=1.0, tpot=0.1), 1.0, 50.0, capacity.SteadyWindow(1.0, 3.0, 0.5), seeds=(0, 1)
+    )
+    assert {seed for _, seed in calls} == {0, 1} and len(calls) == 2 * len(found.tried)
+    assert 1.0 <= found.rate < 50.0 and "2 seeds pooled" in found.describe()
+    with pytest.raises(ValueError, match="seed"):
+        capacity.steady_capacity(run_at, SLO, 1.0, 2.0, capacity.SteadyWindow(1.0, 1.0), seeds=())

@@ -132,6 +132,7 @@ def grade_on_worker(payload: dict) -> dict:
             extra_files=str(extra) if extra else None,
             timestamp=payload["timestamp"],
             limits=limits,
+            bindings=payload.get("bindings") or {},
         )
         lease = UidLease(1) if mode == "bwrap" else None  # machine-wide: other worker processes, other runs
         try:
@@ -247,6 +248,7 @@ def _payload(job, version: str, mode: str, template, host_threads: dict[str, int
         "extra": extra,
         "timestamp": job.timestamp,
         "limits": asdict(job.limits),
+        "bindings": job.bindings,
         "version": version,
         "sandbox": mode,
         "host_threads": host_threads,

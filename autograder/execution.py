@@ -14,37 +14,45 @@ Used inside the grading sandbox (through nbgrader, see :mod:`autograder.nbgrader
 * :func:`cell_score` is the course's scoring rule: a test cell earns its points when it ran without
   an error output. Unlike nbgrader's rule it ignores the value of a cell's last expression (partial
   credit), which student code could forge; the course's test cells end with statements.
-* :func:`hidden_test_summary` and :func:`hidden_region` let feedback name a failing test without
-  showing hidden test code or its traceback; :class:`HiddenText` finds hidden test code in anything
-  student code printed or raised (the kernel's input history ``In``, a traceback's source lines, an
-  exception carrying its caller's frame), so feedback can drop it whatever the student's code did.
+* A cell with hidden tests runs without being stored in the kernel's history (``In``, ``_i``, the
+  history database), and after it the kernel's seal forgets its source (the line cache that
+  tracebacks read, the last exception); with ``check_integrity`` every test cell is followed by the
+  seal's check (:mod:`autograder.seal`).
+* :mod:`autograder.hidden` (re-exported here) finds hidden tests in a cell and in what student code
+  printed, for feedback.
 """
 
 from __future__ import annotations
 
 import ast
-import io
-import re
 import signal
-import tokenize
 from typing import Any
 
 from jupyter_core.utils import ensure_async, run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
-from traitlets import Bool, Integer
+from traitlets import Bool, Dict, Float, Integer, Unicode
 from traitlets.config import LoggingConfigurable
 
-HIDDEN_BEGIN = "BEGIN HIDDEN TESTS"
-HIDDEN_END = "END HIDDEN TESTS"
+from autograder.hidden import (  # noqa: F401 (re-exported: where the grader's callers found them)
+    HIDDEN_BEGIN,
+    HIDDEN_END,
+    LEAK_NOTE,
+    HiddenText,
+    failing_line,
+    hidden_region,
+    hidden_test_summary,
+    raised_by_test,
+    strip_ansi,
+    without_hidden_tests,
+)
+
 # Error names this module writes into outputs; feedback explains them in plain words.
 TIMEOUT_ENAME = "CellTimeoutError"
 DIED_ENAME = "KernelDied"
 STUCK_ENAME = "KernelUnresponsive"
 NOT_RUN_ENAME = "NotRun"
 TRUNCATED_NOTE = "[output truncated by the grader: this cell printed more than {limit:,} characters]\n"
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_CELL_FRAME = re.compile(r"(?:Cell In\s*\[(\d+)\]|<ipython-input-(\d+)-[0-9a-f]+>),?\s*(?:line\s*)?(\d+)")
 
 
 def error_output(ename: str, evalue: str) -> NotebookNode:
@@ -59,165 +67,6 @@ def has_error(cell) -> bool:
 def cell_score(cell, points: float) -> float:
     """Points a test cell earns: all of them when it raised nothing, else 0 (stderr never counts)."""
     return 0.0 if has_error(cell) else float(points)
-
-
-def strip_ansi(text: str) -> str:
-    return _ANSI.sub("", text)
-
-
-def hidden_region(source: str) -> set[int]:
-    """1-based line numbers of ``source`` inside hidden-test regions, delimiter lines included."""
-    lines, inside, hidden = source.split("\n"), False, set()
-    for number, line in enumerate(lines, start=1):
-        if HIDDEN_BEGIN in line:
-            inside = True
-        if inside:
-            hidden.add(number)
-        if HIDDEN_END in line:
-            inside = False
-    return hidden
-
-
-def without_hidden_tests(source: str) -> str:
-    """``source`` with its hidden-test regions removed (what the learner's copy of the cell shows)."""
-    hidden = hidden_region(source)
-    return "\n".join(line for number, line in enumerate(source.split("\n"), 1) if number not in hidden)
-
-
-_SPACE = re.compile(r"\s+")
-LEAK_NOTE = "[hidden by the grader: this output contained hidden test code]"
-
-
-def _squash(text: str) -> str:
-    return _SPACE.sub("", strip_ansi(text))
-
-
-def _string_mask(source: str) -> list[list[bool]]:
-    """Per line of ``source``, per character: True inside a string literal (by Python's tokenizer)."""
-    lines = source.split("\n")
-    mask = [[False] * len(line) for line in lines]
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(source).readline):
-            if token.type != tokenize.STRING:
-                continue
-            (row, col), (end_row, end_col) = token.start, token.end
-            for number in range(row, end_row + 1):
-                line = mask[number - 1]
-                first = col if number == row else 0
-                last = end_col if number == end_row else len(line)
-                for index in range(first, min(last, len(line))):
-                    line[index] = True
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        pass  # not Python: every character counts as code
-    return mask
-
-
-class HiddenText:
-    """The hidden test code of a notebook, and a check for it in text that student code produced.
-
-    A leak is any run of ``window`` non-blank characters of a hidden-test line (whitespace ignored,
-    so re-indented or re-wrapped code still counts), or a whole shorter line of at least
-    ``min_chars``, that is not shown to the learner anyway (it occurs in a visible part of a test
-    cell) and is not just a string literal (a test's message, which feedback shows on purpose).
-    """
-
-    def __init__(self, test_sources: list[str], window: int = 24, min_chars: int = 10, min_code: int = 6):
-        self.window = window
-        visible = "\n".join(_squash(without_hidden_tests(source)) for source in test_sources)
-        self.windows: set[str] = set()
-        self.short: dict[int, set[str]] = {}
-        for source in test_sources:
-            hidden = hidden_region(source)
-            if not hidden:
-                continue
-            lines = source.split("\n")
-            mask = _string_mask(source)
-            for number in sorted(hidden):
-                line = lines[number - 1]
-                if HIDDEN_BEGIN in line or HIDDEN_END in line:
-                    continue
-                chars = [(ch, mask[number - 1][i]) for i, ch in enumerate(line) if not ch.isspace()]
-                text = "".join(ch for ch, _ in chars)
-                code = [not in_string for _, in_string in chars]
-                if len(text) >= window:
-                    for start in range(len(text) - window + 1):
-                        piece = text[start : start + window]
-                        if sum(code[start : start + window]) >= min_code and piece not in visible:
-                            self.windows.add(piece)
-                elif len(text) >= min_chars and sum(code) >= min_code and text not in visible:
-                    self.short.setdefault(len(text), set()).add(text)
-
-    def __bool__(self) -> bool:
-        return bool(self.windows or self.short)
-
-    def leaks(self, text: str) -> bool:
-        """Whether ``text`` contains hidden test code."""
-        if not self or not text:
-            return False
-        squashed = _squash(text)
-        if self.windows and any(
-            squashed[i : i + self.window] in self.windows for i in range(len(squashed) - self.window + 1)
-        ):
-            return True
-        return any(
-            squashed[i : i + size] in pieces
-            for size, pieces in self.short.items()
-            for i in range(len(squashed) - size + 1)
-        )
-
-    def scrub_output(self, output) -> Any:
-        """``output`` itself, or a replacement saying it was hidden when it contains hidden test code."""
-        kind = output.get("output_type")
-        if kind == "error":
-            parts = [str(output.get("ename", "")), str(output.get("evalue", "")), *output.get("traceback", [])]
-            if self.leaks("\n".join(parts)):
-                ename = str(output.get("ename", "Error"))
-                ename = ename if not self.leaks(ename) else "Error"
-                return NotebookNode(
-                    output_type="error", ename=ename, evalue=LEAK_NOTE, traceback=[f"{ename}: {LEAK_NOTE}"]
-                )
-            return output
-        if kind == "stream":
-            text = output.get("text", "")
-            text = "".join(text) if isinstance(text, list) else str(text)
-        else:
-            text = "\n".join(
-                "".join(value) if isinstance(value, list) else str(value) for value in output.get("data", {}).values()
-            )
-        if self.leaks(text):
-            return NotebookNode(output_type="stream", name="stdout", text=LEAK_NOTE + "\n")
-        return output
-
-    def scrub_text(self, text: str) -> str:
-        return LEAK_NOTE if self.leaks(text) else text
-
-
-def failing_line(output, source: str, execution_count: int | None) -> int | None:
-    """The line of ``source`` where an error output's traceback left the cell, when it can be told."""
-    text = strip_ansi("\n".join(output.get("traceback", [])))
-    for match in _CELL_FRAME.finditer(text):
-        count = int(match.group(1) or match.group(2))
-        if execution_count is None or count == execution_count:
-            return int(match.group(3))
-    return None
-
-
-def hidden_test_summary(output, source: str, execution_count: int | None, limit: int = 300) -> str:
-    """One line about a test cell's error that reveals neither hidden test code nor a traceback."""
-    ename = output.get("ename", "Error")
-    evalue = strip_ansi(str(output.get("evalue", ""))).strip()
-    if len(evalue) > limit:
-        evalue = evalue[:limit] + "..."
-    message = f"{ename}: {evalue}" if evalue else ename
-    if ename in {TIMEOUT_ENAME, DIED_ENAME, STUCK_ENAME, NOT_RUN_ENAME}:
-        return message
-    line = failing_line(output, source, execution_count)
-    if line is not None and line in hidden_region(source):
-        return f"A hidden test failed: {message}"
-    if line is not None:
-        shown = source.split("\n")[line - 1].strip() if 0 < line <= len(source.split("\n")) else ""
-        return f"A visible test failed at `{shown}`: {message}" if shown else f"A visible test failed: {message}"
-    return f"A test failed: {message}"
 
 
 def _output_size(output) -> int:
@@ -251,10 +100,22 @@ class ResilientExecution(LoggingConfigurable):
     ).tag(config=True)
     check_integrity = Bool(
         False,
-        help="After every test cell, ask the kernel (autograder.guard, installed by autograder.kernel) whether "
-        "the test machinery was replaced and whether the cell ran as sent; record the reasons in "
-        "integrity_problems. Also: a test cell whose execute reply says it failed fails, even when the "
-        "notebook silenced the error output.",
+        help="After every test cell, ask the kernel's seal (autograder.seal, installed by autograder.kernel) "
+        "whether anything the tests run through was replaced, and record the reasons in integrity_problems. "
+        "Also: a test cell whose execute reply says it failed fails, even when the notebook silenced the "
+        "error output.",
+    ).tag(config=True)
+    seal_socket = Unicode(
+        "",
+        help="Path of the Unix socket the sealed kernel connects to (its folder is made root-only); empty: "
+        "no seal, and check_integrity records that the kernel could not be checked.",
+    ).tag(config=True)
+    expected_bindings = Dict(
+        help="name -> 'module' or 'module:attribute': what the released notebook's own cells import under that "
+        "name (autograder.seal.expected_bindings); a test cell that reads the name must find that very object.",
+    ).tag(config=True)
+    seal_timeout = Float(
+        30.0, help="Seconds to wait for the seal's key after a kernel starts and for each answer."
     ).tag(config=True)
     kernel_uid = Integer(
         0,
@@ -273,6 +134,8 @@ class ResilientExecution(LoggingConfigurable):
         self.grading_events: list[dict[str, Any]] = []
         self.integrity_problems: list[str] = []
         self._replies: dict[int, dict] = {}
+        self._seal: dict[str, Any] = {}  # the listening socket, the kernel's connection, its key, what was read
+        self._answer_names: set[str] | None = None
 
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
@@ -306,6 +169,171 @@ class ResilientExecution(LoggingConfigurable):
             return None
         return out
 
+    async def async_start_new_kernel(self, **kwargs):
+        if self.check_integrity and self.seal_socket and "server" not in self._seal:
+            from autograder import seal
+
+            self._seal["server"] = seal.listen(self.seal_socket)
+        return await super().async_start_new_kernel(**kwargs)
+
+    async def async_start_new_kernel_client(self):
+        kc = await super().async_start_new_kernel_client()
+        if self.check_integrity:
+            await self._seal_accept()
+        return kc
+
+    # nbclient's synchronous wrappers (used by nbconvert's preprocess) are bound to its own coroutines.
+    start_new_kernel = run_sync(async_start_new_kernel)
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)
+
+    async def _seal_accept(self) -> None:
+        """Take the new kernel's connection and key; a kernel that does not send them is not trusted."""
+        import asyncio
+
+        from autograder import seal
+
+        self._seal_close_connection()
+        server = self._seal.get("server")
+        if server is None:
+            self._tampered(-1, "the grading kernel has no seal (no socket configured)")
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            connection, _ = await asyncio.wait_for(loop.sock_accept(server), self.seal_timeout)
+            connection.setblocking(False)
+            self._seal.update(connection=connection, buffer=b"", key=None)
+            line = await self._seal_line()
+        except (TimeoutError, OSError):
+            line = None
+        text = line.decode("ascii", "replace") if line else ""
+        head, _, _ = text.partition("|")
+        if not head.startswith("KEY "):
+            self._seal_close_connection()
+            self._tampered(-1, "the grading kernel did not open its seal")
+            return
+        try:
+            key = bytes.fromhex(head[4:])
+        except ValueError:
+            key = b""
+        if not key or seal.parse(key, line) != head:
+            self._seal_close_connection()
+            self._tampered(-1, "the grading kernel's seal sent a key it did not sign")
+            return
+        self._seal["key"] = key
+
+    def _seal_close_connection(self) -> None:
+        connection = self._seal.pop("connection", None)
+        if connection is not None:
+            connection.close()
+        self._seal["key"] = None
+        self._seal["buffer"] = b""
+
+    async def _seal_line(self, timeout: float | None = None) -> bytes | None:
+        """The next line the kernel's seal sent (without its newline); None at its end or after ``timeout``."""
+        import asyncio
+
+        connection = self._seal.get("connection")
+        if connection is None:
+            return None
+        loop = asyncio.get_running_loop()
+        while b"\n" not in self._seal["buffer"]:
+            try:
+                chunk = await asyncio.wait_for(loop.sock_recv(connection, 65536), timeout or self.seal_timeout)
+            except (TimeoutError, OSError):
+                return None
+            if not chunk:
+                return None
+            self._seal["buffer"] += chunk
+            if len(self._seal["buffer"]) > 4 * 2**20:  # a kernel flooding the channel
+                return None
+        line, self._seal["buffer"] = self._seal["buffer"].split(b"\n", 1)
+        return line
+
+    def _seal_note(self, cell_index: int, payload: str | None) -> str | None:
+        """Record an ALERT; return an ANSWER's payload; a line without the kernel's signature is tampering."""
+        if payload is None:
+            self._tampered(cell_index, "a message on the grading kernel's seal was not signed by it")
+            return None
+        if payload.startswith("ALERT "):
+            self._tampered(cell_index, payload.split(" ", 2)[2] if payload.count(" ") >= 2 else payload)
+            return None
+        return payload
+
+    async def _seal_drain(self, cell_index: int) -> None:
+        """Read what a kernel that just died still sent (an ALERT before the seal stopped it)."""
+        from autograder import seal
+
+        key = self._seal.get("key")
+        while key:
+            line = await self._seal_line(timeout=0.5)
+            if line is None:
+                break
+            self._seal_note(cell_index, seal.parse(key, line))
+
+    async def _seal_check(self, cell, cell_index: int) -> None:
+        """Ask the seal whether what the test cell ran through is as it was recorded."""
+        import secrets
+
+        from autograder import seal
+
+        key, connection = self._seal.get("key"), self._seal.get("connection")
+        if not key or connection is None:
+            self._tampered(cell_index, "the grading kernel's seal is not open (it was closed or never opened)")
+            return
+        names = [
+            f"{name}={self.expected_bindings[name]}" if name in self.expected_bindings else name
+            for name in seal.free_names(cell.source)
+            if name not in self._learner_names() and self.expected_bindings.get(name) != ""
+        ]
+        nonce = secrets.token_hex(16)
+        forget = "H" if hidden_region(cell.source) else "-"  # H: forget the cell's source afterwards
+        request = f"CHECK {nonce} {forget} {','.join(names)}\n".encode()
+        try:
+            import asyncio
+
+            await asyncio.get_running_loop().sock_sendall(connection, request)
+        except OSError:
+            self._tampered(cell_index, "the grading kernel's seal stopped answering")
+            self._seal_close_connection()
+            return
+        while True:
+            line = await self._seal_line()
+            if line is None:
+                self._tampered(cell_index, "the grading kernel's seal did not answer")
+                self._seal_close_connection()
+                return
+            payload = self._seal_note(cell_index, seal.parse(key, line))
+            if payload is None:
+                continue
+            parts = payload.split(" ", 2)
+            if len(parts) == 3 and parts[0] == "ANSWER" and parts[1] == nonce:
+                if parts[2] != seal.OK:
+                    self._tampered(cell_index, f"the notebook {parts[2]}")
+                return
+            self._tampered(cell_index, "the grading kernel's seal answered out of turn")
+
+    def _learner_names(self) -> set[str]:
+        """Names the learner's answer cells define (what the tests are there to call)."""
+        if self._answer_names is None:
+            names: set[str] = set()
+            for cell in self.nb.cells:
+                meta = cell.get("metadata", {}).get("nbgrader", {})
+                if cell.get("cell_type") != "code" or not meta.get("solution"):
+                    continue
+                try:
+                    tree = ast.parse(cell.source)
+                except SyntaxError:
+                    continue
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                        names.add(node.name)
+                    elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                        names.add(node.id)
+                    elif isinstance(node, ast.Import | ast.ImportFrom):
+                        names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+            self._answer_names = names
+        return self._answer_names
+
     def _event(self, index: int, kind: str, detail: str) -> None:
         self.grading_events.append({"cell": index, "event": kind, "detail": detail})
 
@@ -321,6 +349,8 @@ class ResilientExecution(LoggingConfigurable):
             ]
             self._event(cell_index, "not-run", "after too many kernel restarts")
             return cell
+        if _is_test_cell(cell) and hidden_region(cell.source):
+            store_history = False  # later cells cannot read it back from In, _i or the history database
         try:
             cell = await super().async_execute_cell(cell, cell_index, execution_count, store_history)
         except DeadKernelError:
@@ -352,9 +382,7 @@ class ResilientExecution(LoggingConfigurable):
         return await super()._check_raise_for_error(cell, cell_index, exec_reply)
 
     async def _check_test_cell(self, cell, cell_index: int) -> None:
-        """A test cell's reply and the kernel's guard: fail a silenced error, record replaced machinery."""
-        from autograder import guard
-
+        """A test cell's reply and the kernel's seal: fail a silenced error, record replaced machinery."""
         reply = self._replies.pop(cell_index, None)
         content = (reply or {}).get("content", {})
         if content.get("status") == "error" and not has_error(cell):
@@ -363,26 +391,7 @@ class ResilientExecution(LoggingConfigurable):
                 error_output(ename, f"{content.get('evalue', '')} (the test failed; its error output was silenced)")
             ]
             self._tampered(cell_index, "a failing test's error output was silenced")
-        expression = guard.EXPRESSION.format(sha=guard.sha256(cell.source))
-        try:
-            msg_id = self.kc.execute(
-                "", silent=True, store_history=False, user_expressions={"guard": expression}, stop_on_error=False
-            )
-            answer = await self.async_wait_for_reply(msg_id)
-        except Exception as err:  # noqa: BLE001 (a kernel that does not answer is itself the finding)
-            self._tampered(cell_index, f"the grader's check got no answer ({type(err).__name__})")
-            return
-        result = ((answer or {}).get("content", {}).get("user_expressions") or {}).get("guard") or {}
-        text = result.get("data", {}).get("text/plain", "") if result.get("status") == "ok" else ""
-        try:
-            verdict = ast.literal_eval(text) if text else None
-        except (ValueError, SyntaxError):
-            verdict = None
-        if verdict == guard.OK:
-            return
-        if not isinstance(verdict, str) or not verdict:
-            verdict = "the grader's check did not answer as the grading kernel does"
-        self._tampered(cell_index, verdict)
+        await self._seal_check(cell, cell_index)
 
     def _tampered(self, cell_index: int, reason: str) -> None:
         if reason not in self.integrity_problems:
@@ -398,6 +407,8 @@ class ResilientExecution(LoggingConfigurable):
 
     async def _restart_and_replay(self) -> None:
         """Kill and restart the kernel, then rerun the cells that had run cleanly (outputs discarded)."""
+        if self.check_integrity:
+            await self._seal_drain(-1)
         self._restarts += 1
         if self._restarts > self.max_kernel_restarts:
             self._gave_up = True

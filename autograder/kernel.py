@@ -12,9 +12,11 @@ bubblewrap sandbox. Before any student code runs it
   the restored notebook) stays root-only, so student code can neither read nor change it. Each
   parallel grading slot has its own uid, so the process limit is per student.
 
-Then it becomes an ordinary ipykernel in the same process (same pid, so nbgrader can still
-interrupt, kill and restart it), after :func:`autograder.guard.install` has recorded the machinery
-the tests run through, so that the grader notices a notebook that replaced it.
+Before dropping its privileges it connects to the grader's seal socket (:mod:`autograder.seal`),
+in a folder only root can enter. Then it becomes an ordinary ipykernel in the same process (same
+pid, so nbgrader can still interrupt, kill and restart it), sealed by :func:`autograder.seal.install`
+before any student code runs. The kernel user's home is made anew at every start, so nothing a
+previous kernel of the same student left there (IPython startup files, a link) is run or followed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ import json
 import os
 import resource
 import shutil
+import stat
 import sys
+
+from autograder import seal
 
 LIMIT_NAMES = {
     "address_space_bytes": resource.RLIMIT_AS,
@@ -48,15 +53,39 @@ def apply_limits(limits: dict[str, int]) -> None:
         resource.setrlimit(which, (value, value))
 
 
+def fresh_home(uid: int) -> str:
+    """A new, empty home folder for the kernel's user (as root, before any student code of this start).
+
+    The previous kernel of the same student could leave startup files there (IPython runs
+    ``profile_default/startup/*.py`` before the seal is in place), or leave a symbolic link at its
+    path so that root would chown or write somewhere else: whatever is there is removed without
+    following links, and the folder is made anew (``mkdir`` fails rather than reuse one that
+    reappeared)."""
+    home = f"/tmp/kernel-home-{uid}"
+    try:
+        info = os.lstat(home)
+    except FileNotFoundError:
+        info = None
+    if info is not None:
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(home)  # does not follow the links inside it
+        else:
+            os.unlink(home)
+    os.mkdir(home, 0o700)
+    os.chown(home, uid, uid)
+    return home
+
+
 def drop_privileges(uid: int, connection_file: str) -> str:
     """Become ``uid`` (also as gid, no groups); return the connection file the kernel can read."""
-    home = f"/tmp/kernel-home-{uid}"
-    os.makedirs(home, mode=0o700, exist_ok=True)
-    os.chown(home, uid, uid)
+    home = fresh_home(uid)
     readable = os.path.join(home, os.path.basename(connection_file))
-    shutil.copyfile(connection_file, readable)
+    with open(connection_file, "rb") as source:
+        content = source.read()
+    handle = os.open(readable, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(handle, "wb") as target:
+        target.write(content)
     os.chown(readable, uid, uid)
-    os.chmod(readable, 0o600)
     cwd = os.getcwd()
     os.chmod(cwd, 0o1777)  # writable for the kernel, but it cannot delete or replace root's files here
     for key, sub in {
@@ -87,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("autograder.kernel must be started as root with `python -I` (see autograder.sandbox)")
     limits = json.loads(os.environ.pop("AUTOGRADER_KERNEL_LIMITS", "{}") or "{}")
     uid = os.environ.pop("AUTOGRADER_KERNEL_UID", "")
+    # The grader's socket is in a root-only folder: connect before the privileges go.
+    seal_fd = seal.connect(os.environ.pop(seal.SEAL_ENV, ""))
     if uid and os.geteuid() == 0:
         argv[position] = drop_privileges(int(uid), argv[position])
     else:
@@ -99,9 +130,8 @@ def main(argv: list[str] | None = None) -> None:
 
     app = kernelapp.IPKernelApp.instance()
     app.initialize()
-    from autograder import guard
-
-    guard.install(app.kernel)  # before any student code: what the test machinery is (see autograder.guard)
+    if seal_fd is not None:
+        seal.install(app.kernel, seal_fd, seal.trusted_dirs())  # before any student code (see autograder.seal)
     app.start()
 
 

@@ -13,6 +13,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 
 from autograder import execution
 
+WITHHELD_NOTE = "[not shown in feedback: this cell ran after hidden tests]"
 # Output types feedback keeps. HTML, JavaScript and SVG from student code could script the page that
 # the learner or the instructor opens, so feedback shows text and bitmap images only.
 SAFE_MIMETYPES = ("text/plain", "image/png", "image/jpeg")
@@ -59,9 +60,12 @@ class SafeFeedback(NbGraderPreprocessor):
     * test cells lose their hidden-test lines; when such a cell failed, its outputs are replaced by
       one line that says whether a visible or a hidden test failed and with which message, never
       the hidden code or a traceback through it;
-    * every output and message of every cell is checked for hidden test code
-      (:class:`autograder.execution.HiddenText`): student code can print the kernel's input history
-      or raise with its caller's source, and such an output is replaced by a note;
+    * every output and message of every cell is checked for hidden test code, as it is and in common
+      encodings (:class:`autograder.hidden.HiddenText`), and replaced by a note where it holds some;
+    * from the first cell with hidden tests on, nothing student code printed is shown (its cells'
+      outputs become one note) and a failing test shows a message only when the test itself raised it
+      (not a learner's function), cut to 200 characters: student code that read a hidden test while it
+      ran cannot hand it to feedback in an encoding no detector knows;
     * outputs that could run script in the page (HTML, JavaScript, SVG, widgets) become text; cell
       and notebook metadata the student controls (tags, widget state, titles) is dropped;
     * a summary cell at the top lists the score per exercise and what the grader did (repairs,
@@ -71,16 +75,35 @@ class SafeFeedback(NbGraderPreprocessor):
     """
 
     def preprocess(self, nb, resources):
+        from autograder.seal import trusted_dirs
+
         self._scores: dict[str, list[float]] = {}
         self._hidden = execution.HiddenText(
             [cell.source for cell in nb.cells if cell.cell_type == "code" and _is_test(cell)]
         )
+        self._library_dirs = tuple(trusted_dirs())
+        # From the first cell with hidden tests on, student code could have read them (a learner's function
+        # runs inside the test): nothing it printed or raised from there on is shown, in any encoding.
+        self._first_hidden = next(
+            (
+                index
+                for index, cell in enumerate(nb.cells)
+                if cell.cell_type == "code" and _is_test(cell) and execution.hidden_region(cell.source)
+            ),
+            len(nb.cells),
+        )
+        self._withheld = 0
         notes = grading_notes(nb)
         nb, resources = super().preprocess(nb, resources)
         nb.metadata = NotebookNode(
             kernelspec=NotebookNode(name="python3", display_name="Python 3", language="python"),
             language_info=NotebookNode(name="python", pygments_lexer="ipython3"),
         )
+        if self._withheld:
+            notes.append(
+                f"Outputs of {self._withheld} cell(s) that ran after the first hidden test are not shown here "
+                "(your own notebook has them): code that runs after hidden tests could have read them."
+            )
         summary = NotebookNode(cell_type="markdown", metadata=NotebookNode(), source=self._summary(notes, resources))
         nb.cells.insert(0, summary)
         return nb, resources
@@ -90,23 +113,32 @@ class SafeFeedback(NbGraderPreprocessor):
         cell.metadata = NotebookNode(nbgrader=meta) if meta else NotebookNode()
         cell.pop("attachments", None)
         if cell.cell_type == "code":
+            after_hidden = cell_index >= self._first_hidden
             if _is_test(cell):
-                cell = self._test_cell(cell)
+                cell = self._test_cell(cell, after_hidden)
                 score = meta.get("score")
                 entry = self._scores.setdefault(_exercise(meta.get("grade_id", "")), [0.0, 0.0])
                 entry[0] += float(score or 0)
                 entry[1] += float(meta.get("points") or 0)
+            elif after_hidden and cell.get("outputs"):
+                cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=WITHHELD_NOTE + "\n")]
+                self._withheld += 1
             cell.outputs = [self._hidden.scrub_output(_safe_output(output)) for output in cell.outputs]
         return cell, resources
 
-    def _test_cell(self, cell):
+    def _test_cell(self, cell, after_hidden: bool):
         source = cell.source
-        if not execution.hidden_region(source):
+        hidden = execution.hidden_region(source)
+        if not hidden and not after_hidden:
             return cell
         errors = [output for output in cell.outputs if output.get("output_type") == "error"]
         cell.source = execution.without_hidden_tests(source)
         if errors:
-            summary = execution.hidden_test_summary(errors[-1], source, cell.get("execution_count"))
+            count = cell.get("execution_count")
+            own = execution.raised_by_test(errors[-1], source, count, self._library_dirs)
+            summary = execution.hidden_test_summary(
+                errors[-1], source, count, limit=200 if after_hidden else 300, show_message=own or not after_hidden
+            )
             summary = self._hidden.scrub_text(summary)
             cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=summary + "\n")]
         else:

@@ -343,8 +343,22 @@ def student_job(
         extra_files=str(extra) if extra else None,
         timestamp=_timestamp(course, assignment, student),
         limits=limits,
+        bindings=release_bindings(course, assignment),
     )
     return job, flags
+
+
+def release_bindings(course: Course, assignment: str) -> dict[str, str]:
+    """What the released notebooks' own cells import, by name (see :func:`autograder.seal.expected_bindings`)."""
+    from autograder.seal import expected_bindings
+
+    bindings: dict[str, str] = {}
+    for path in sorted((course.release_dir / assignment).glob("*.ipynb")):
+        try:
+            bindings.update(expected_bindings(notebooks.read(path).cells))
+        except (OSError, ValueError):
+            continue
+    return bindings
 
 
 def _job_folder(student: str) -> str:

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autograder.config import CELL_TIMEOUT_S, configure
+from autograder.seal import SEAL_ENV
 
 KERNEL_NAME = "autograder-sandbox"
 # Grading slot n runs its kernel as uid SANDBOX_UID_BASE + n: an id that no account uses, and a
@@ -102,6 +103,8 @@ class Job:
     extra_files: str | None = None  # folder of the assignment's non-notebook files, if any
     timestamp: str | None = None
     limits: Limits = field(default_factory=Limits)
+    # name -> "module" or "module:attribute" the released notebook's own cells import (autograder.seal)
+    bindings: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -308,6 +311,7 @@ def run_job(job: Job, job_dir: Path, slot: int = 0, sandbox: str = "bwrap") -> J
         "timestamp": job.timestamp,
         "limits": asdict(job.limits),
         "uid": SANDBOX_UID_BASE + slot if sandbox == "bwrap" else None,
+        "bindings": job.bindings,
         "python": sys.executable,
     }
     (inbox / "job.json").write_text(json.dumps(spec))
@@ -396,6 +400,8 @@ def nbgrader_settings(c, spec: dict, root: str) -> None:
     c.ResilientExecute.max_output_chars = limits.output_chars
     c.ResilientExecute.kernel_uid = int(spec.get("uid") or 0)
     c.ResilientExecute.check_integrity = True
+    c.ResilientExecute.seal_socket = seal_socket_path(root)
+    c.ResilientExecute.expected_bindings = dict(spec.get("bindings") or {})
     c.Autograde.autograde_preprocessors = [
         ResilientExecute,
         IgnorePattern,
@@ -407,6 +413,19 @@ def nbgrader_settings(c, spec: dict, root: str) -> None:
     ]
 
 
+def seal_socket_path(root: str | Path) -> str:
+    """Where the grader listens for the sealed kernel (:mod:`autograder.seal`): a root-only folder of the
+    job. A Unix socket's path is limited to about 100 bytes, so a long job folder (an unconfined run
+    under a deep temporary folder) uses a short one named after it."""
+    path = os.path.join(str(root), "seal", "kernel.sock")
+    if len(path.encode()) < 100:
+        return path
+    import hashlib
+
+    digest = hashlib.sha256(str(root).encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"autograder-seal-{digest}", "kernel.sock")
+
+
 def _kernelspec(spec: dict, root: Path) -> Path:
     limits = Limits(**spec["limits"])
     kernel_limits = {
@@ -416,7 +435,7 @@ def _kernelspec(spec: dict, root: Path) -> Path:
         "file_size_bytes": limits.file_size_bytes,
         "open_files": limits.open_files,
     }
-    env = {"AUTOGRADER_KERNEL_LIMITS": json.dumps(kernel_limits)}
+    env = {"AUTOGRADER_KERNEL_LIMITS": json.dumps(kernel_limits), SEAL_ENV: seal_socket_path(root)}
     if spec.get("uid"):
         env["AUTOGRADER_KERNEL_UID"] = str(spec["uid"])
     folder = root / "jupyter" / "kernels" / KERNEL_NAME

@@ -12,6 +12,7 @@ no hidden line (even with its whitespace changed), no script, event handler, fra
 
 from __future__ import annotations
 
+import base64
 import html
 import re
 from html.parser import HTMLParser
@@ -74,6 +75,26 @@ LEAKS = {
         None,
     ),
 }
+# Encoded leaks: the learner's function copies the hidden test's source while the test runs (it can: it
+# runs inside it), and a later cell prints it encoded, or the function raises with it encoded.
+STASH_ANSWER = (
+    "# EXERCISE: ex1_1\nimport inspect\nSTASH = []\n\ndef add(a, b):\n"
+    "    STASH.append(inspect.getsource(inspect.currentframe().f_back))\n    return a + b"
+)
+ENCODED_LEAKS = {
+    "zero_width_stash": (STASH_ANSWER, "print('\\u200b'.join('\\n'.join(STASH)))"),
+    "base64_stash": (STASH_ANSWER, "import base64\nprint(base64.b64encode('\\n'.join(STASH).encode()).decode())"),
+    # an encoding no detector knows: each byte xor 0x5A, in hex
+    "xor_stash": (STASH_ANSWER, "print(bytes(c ^ 0x5A for c in '\\n'.join(STASH).encode()).hex())"),
+    "raise_zero_width": (
+        "# EXERCISE: ex1_1\nimport inspect\n\ndef add(a, b):\n"
+        "    if a == 1000003:\n"
+        "        raise ValueError('\\u200b'.join(inspect.getsource(inspect.currentframe().f_back)))\n"
+        "    return a + b",
+        None,
+    ),
+}
+LEAKS.update(ENCODED_LEAKS)
 SCRIPTS = [
     "<script>alert('md-script')</script>",
     "<img src=x onerror=alert('img-onerror')>",
@@ -188,14 +209,35 @@ def test_feedback_never_contains_hidden_test_code(graded, student):
         assert _squash(code) not in _squash(text), f"{student}: feedback shows hidden code {code!r} (re-spaced)"
 
 
+HISTORY_LEAKS = {"print_in", "print_ih_joined", "history_manager", "linecache", "stderr", "display_data"}
+
+
+def _graded_outputs(graded, student: str) -> str:
+    nb = notebooks.read(graded["course"].autograded / student / ASSIGNMENT / NAME)
+    return str([cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"])
+
+
 def test_the_leaks_were_real(graded):
-    """Each leak student's autograded notebook does hold hidden code in its outputs: the scrub did the work."""
-    course = graded["course"]
-    for student in set(LEAKS) - {"stderr"}:  # stderr never reaches the graded copy (every stderr output is dropped)
-        nb = notebooks.read(course.autograded / student / ASSIGNMENT / NAME)
-        outputs = str([cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"])
+    """Code that runs inside a hidden test can read it: those students' graded notebooks hold hidden code (plain
+    or encoded), so what keeps it out of feedback is the feedback's rule, not luck."""
+    for student in set(LEAKS) - HISTORY_LEAKS - {"xor_stash", "base64_stash"}:
+        outputs = _graded_outputs(graded, student).replace("\\u200b", "").replace("\u200b", "")
         assert "secret_cases" in outputs or "1000003" in outputs or "add(-1, 1)" in outputs, student
-    assert "hidden by the grader" in graded["pages"]["print_in"]
+    nb = notebooks.read(graded["course"].autograded / "base64_stash" / ASSIGNMENT / NAME)
+    printed = [out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])]
+    decoded = [base64.b64decode(text.strip()).decode(errors="replace") for text in printed if text.strip()]
+    assert any("secret_cases" in text for text in decoded), "the base64-encoded hidden test was printed"
+    xor = bytes(c ^ 0x5A for c in b"secret_cases").hex()
+    assert xor in _graded_outputs(graded, "xor_stash"), "the xor-encoded hidden test was printed"
+    assert xor not in graded["pages"]["xor_stash"], "an encoding no detector knows never reaches feedback"
+
+
+def test_later_cells_cannot_read_hidden_tests_back(graded):
+    """A cell with hidden tests is not stored in the kernel's history and its source leaves the line cache
+    after it ran: the history students find nothing hidden, even in the graded notebook."""
+    for student in HISTORY_LEAKS - {"stderr"}:  # stderr never reaches the graded copy at all
+        outputs = _graded_outputs(graded, student)
+        assert "secret_cases" not in outputs and "1000003" not in outputs, student
 
 
 def test_messages_of_hidden_tests_are_still_shown(graded):
@@ -261,6 +303,26 @@ def test_sanitiser_corpus():
             assert name != "href" or value.startswith(("#", "http://", "https://", "mailto:")), attempt
 
 
+def test_hidden_text_sees_through_common_encodings():
+    hidden = HiddenText([TEST])
+    code = "\n".join(HIDDEN)
+    encodings = {
+        "zero-width joined": "\u200b".join(code),
+        "base64": base64.b64encode(code.encode()).decode(),
+        "url-safe base64 in a sentence": "data: " + base64.urlsafe_b64encode(code.encode()).decode() + " end",
+        "base32": base64.b32encode(code.encode()).decode(),
+        "hex": code.encode().hex(),
+        "reversed": code[::-1],
+        "rot13": __import__("codecs").encode(code, "rot13"),
+        "full-width": "".join(chr(ord(ch) + 0xFEE0) if "!" <= ch <= "~" else ch for ch in code),
+        "percent-escaped": __import__("urllib.parse").parse.quote(code),
+        "unicode escapes": "".join(f"\\u{ord(ch):04x}" for ch in code),
+    }
+    missed = [name for name, text in encodings.items() if not hidden.leaks(text)]
+    assert not missed, f"not recognised as hidden test code: {missed}"
+    assert not hidden.leaks(base64.b64encode(b"an ordinary output of the learner's").decode())
+
+
 def test_hidden_text_finds_code_but_not_messages():
     source = TEST
     hidden = HiddenText([source])
@@ -296,3 +358,66 @@ def test_visible_controls_on_every_kind():
     shown = inert_page(f"<html><head></head><body><p>{every}</p></body></html>")
     assert not FORBIDDEN_CHARACTERS.search(shown.replace("\t", "").replace("\n", ""))
     assert "\u241b" in shown and "\u27e8U+009B\u27e9" in shown and "\u27e8U+2069\u27e9" in shown
+
+
+# A hidden test whose failure messages are f-strings and whose comment says what the message says: on
+# Python 3.12 and newer an f-string tokenizes into parts, which the leak check once counted as code.
+MESSAGE_TEST = (
+    "# TEST: ex1_1_add\n"
+    "### BEGIN HIDDEN TESTS\n"
+    "# the even-length case: the median is the mean of the two middle values\n"
+    "value = add(1000003, -7)\n"
+    'assert value == 999996, f"the even-length case: the median is the mean of the two middle values, got {value!r}"\n'
+    "### END HIDDEN TESTS"
+)
+MESSAGE_CHECK = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from autograder.hidden import HiddenText
+hidden = HiddenText([sys.argv[2]])
+message = "AssertionError: the even-length case: the median is the mean of the two middle values, got 5"
+print(json.dumps({
+    "message": hidden.leaks(message),
+    "comment": hidden.leaks("the even-length case: the median is the mean of the two middle values"),
+    "code": hidden.leaks("value = add(1000003, -7)"),
+}))
+"""
+
+
+def _interpreters() -> dict[str, str]:
+    """Python versions on this machine that run (pyenv's installations, then PATH), by "3.x"."""
+    import shutil
+    import subprocess
+    import sys
+
+    found = {f"{sys.version_info.major}.{sys.version_info.minor}": sys.executable}
+    for version in ("3.11", "3.13"):
+        candidates = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
+        candidates += [Path(p) for p in [shutil.which(f"python{version}")] if p]
+        for candidate in candidates:
+            works = subprocess.run([str(candidate), "-c", "pass"], capture_output=True).returncode == 0
+            if works:
+                found.setdefault(version, str(candidate))
+                break
+    return found
+
+
+@pytest.mark.parametrize("version", ["3.11", "3.13"])
+def test_a_hidden_tests_own_message_gets_through_on_every_python(version):
+    """The message a failing hidden test writes is shown, whether Python tokenizes its f-string whole (3.11)
+    or in parts (3.12+), and whatever its comment says; its code is still hidden."""
+    import json
+    import subprocess
+
+    python = _interpreters().get(version)
+    if python is None:
+        pytest.skip(f"no Python {version} on this machine")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [python, "-I", "-c", MESSAGE_CHECK, str(root), MESSAGE_TEST], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert not seen["message"], f"Python {version}: the test's own f-string message was taken for hidden code"
+    assert not seen["comment"], f"Python {version}: a message repeating the test's comment was taken for code"
+    assert seen["code"], f"Python {version}: the hidden code itself must still be recognised"

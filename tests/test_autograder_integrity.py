@@ -165,12 +165,12 @@ def _stub_submission(course, student: str, extra: str) -> None:
 def tampered(course):
     for case, cell in TAMPERING.items():
         _stub_submission(course, f"tamper_{case}", cell)
-    # an honest notebook that registers an event callback (as matplotlib does) and defines names
+    # an honest notebook that has a library register event callbacks (as matplotlib does) and defines names
     submit_with(
         course,
         "honest",
         CORRECT,
-        "ip = get_ipython()\nip.events.register('post_run_cell', lambda result: None)\nx = 1",
+        "from course.grading import announce_passing_tests\nannounce_passing_tests()\nx = 1",
         before_test="ex1_1_add",
     )
     students = [f"tamper_{case}" for case in TAMPERING] + ["honest"]

@@ -119,3 +119,48 @@ def test_the_kernel_launcher_refuses_root_without_isolation():
         [sys.executable, "-m", "autograder.kernel", "-f", "/nonexistent.json"], capture_output=True, text=True
     )
     assert done.returncode != 0 and "python -I" in done.stderr
+
+
+# What a crashed kernel can leave for the next one of the same student: IPython startup files in its
+# home (run before the seal is in place), or a link at the home's path (root would chown its target).
+LEFT_BEHIND = {
+    "startup_file": (
+        "import os\n"
+        "folder = os.path.join(os.environ['IPYTHONDIR'], 'profile_default', 'startup')\n"
+        "os.makedirs(folder, exist_ok=True)\n"
+        "open(os.path.join(folder, '00-early.py'), 'w').write(\n"
+        '    \'import math\\nmath.isclose = lambda *a, **k: True\\nopen("EARLY", "w").write("ran")\\n\')\n'
+        "os._exit(1)"
+    ),
+    "home_link": (
+        "import os\nhome = os.environ['HOME']\n"
+        "os.rename(home, home + '-old')\nos.symlink('/grading', home)\nos._exit(1)"
+    ),
+}
+LEFT_SHOW = (
+    "import os\n"
+    "print('EARLY:' + str(os.path.exists('EARLY')))\n"
+    "print('GRADING_OWNER:' + str(os.stat('/grading').st_uid == os.getuid()))"
+)
+
+
+def test_a_crashed_kernel_leaves_nothing_the_next_one_runs_or_follows(course):
+    release = notebooks.read(course.release_dir / ASSIGNMENT / NAME)
+    for student, cell in LEFT_BEHIND.items():
+        nb = notebooks.with_answers(release, {"ex1_1": CORRECT})
+        position = next(i for i, c in enumerate(nb.cells) if notebooks.grade_id(c) == "ex1_1_types")
+        nb.cells.insert(position, new_code_cell(cell))
+        nb.cells.insert(position + 1, new_code_cell(LEFT_SHOW))
+        target = course.submitted / student / ASSIGNMENT / NAME
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, str(target))
+    results = {r.student: r for r in grade(course, ASSIGNMENT, list(LEFT_BEHIND), workers=2, sandbox="bwrap")}
+    for student in LEFT_BEHIND:
+        assert results[student].status == "graded", results[student].log[-3000:]
+        graded = notebooks.read(course.autograded / student / ASSIGNMENT / NAME)
+        printed = "".join(
+            out.get("text", "") for c in graded.cells if c.cell_type == "code" for out in c.get("outputs", [])
+        )
+        assert "EARLY:False" in printed, f"{student}: a startup file left by the crashed kernel ran: {printed}"
+        assert "GRADING_OWNER:False" in printed, f"{student}: root followed the link and chowned /grading"
+        assert results[student].flags == [], results[student].flags

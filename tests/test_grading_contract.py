@@ -87,6 +87,14 @@ def test_every_submission_was_graded(graded):
         )
 
 
+def test_no_honest_submission_is_flagged(graded):
+    """The blank notebook, the solution and every answer fixture leave the tests alone: the kernel's seal
+    (autograder.seal) must find nothing replaced in any of them."""
+    assignment, run, *_ = graded
+    flagged = {student: result.flags for student, result in (run.results or {}).items() if result.flags}
+    assert not flagged, f"{assignment}: honest submissions flagged for manual grading: {flagged}"
+
+
 def test_blank_notebook_scores_zero_on_every_cell(graded):
     _, run, points, *_ = graded
     assert set(run.scores["blank"]) == set(points), "the blank notebook was not graded"

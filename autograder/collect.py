@@ -338,40 +338,95 @@ def read_file(path: str | Path) -> bytes:
             raise ValueError(f"too large to collect: {err}") from None
 
 
+CHANGED = "changed while collecting"
+
+
 def _iter_folder(
     source: Path, budget: _Budget, keep: tuple[str, ...]
 ) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
-    for top, dirs, files in os.walk(source, followlinks=False):
+    """Every entry of a folder. A folder or file renamed or removed while this runs (an LMS sync, a
+    teaching assistant tidying up) is never lost without a word: a path that vanished between listing
+    and reading gets its own report line, and a second listing at the end takes in whatever appeared
+    under a new name meanwhile, with a line saying so."""
+    seen: set[str] = set()
+    folders: set[str] = set()
+    yield from _walk_folder(source, budget, keep, seen, folders, second_pass=False)
+    late = list(_walk_folder(source, budget, keep, seen, set(), second_pass=True))
+    appeared = set()
+    for rel, *_ in late:  # the outermost new folder (a renamed student folder), else the file itself
+        parts = rel.split("/")
+        new = next(
+            ("/".join(parts[: i + 1]) for i in range(len(parts) - 1) if "/".join(parts[: i + 1]) not in folders), rel
+        )
+        appeared.add(new)
+    for rel in sorted(appeared):
+        yield rel, None, None, f"{CHANGED}: appeared under this name during the run; taken after the first pass"
+    yield from late
+
+
+def _walk_folder(
+    source: Path, budget: _Budget, keep: tuple[str, ...], seen: set[str], folders: set[str], second_pass: bool
+) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
+    vanished: list[str] = []
+
+    def unreadable(error: OSError) -> None:  # os.walk could not list a folder it had found
+        vanished.append(_rel(source, os.path.dirname(error.filename or ""), os.path.basename(error.filename or "")))
+
+    for top, dirs, files in os.walk(source, followlinks=False, onerror=unreadable):
         dirs.sort()
         for name in sorted(dirs):
-            if os.path.islink(os.path.join(top, name)):  # os.walk lists it but never enters it
-                yield _rel(source, top, name), None, None, "a symbolic link: not followed"
-        for name in sorted(files):
-            path = os.path.join(top, name)
             rel = _rel(source, top, name)
-            info = os.lstat(path)
-            mtime = datetime.fromtimestamp(info.st_mtime)
-            problem = skip_reason(rel)
-            if stat.S_ISLNK(info.st_mode):
-                yield rel, None, mtime, "a symbolic link: not followed"
-            elif not stat.S_ISREG(info.st_mode):
-                yield rel, None, mtime, "not a regular file"
-            elif problem:
-                yield rel, None, mtime, problem
-            elif rel.lower().endswith(".zip"):
-                opener = lambda p=path: open(p, "rb")  # noqa: E731, SIM115 (closed by _iter_nested)
-                yield from _iter_nested(rel, opener, mtime, 1, budget, keep)
-            elif not rel.lower().endswith(keep):
-                yield rel, None, mtime, "not a notebook (.ipynb)"
-            else:
-                try:
-                    with open(path, "rb") as handle:
-                        yield rel, _read_bounded(handle, budget, MAX_FILE_BYTES), mtime, ""
-                except _TooLarge as err:
-                    yield rel, None, mtime, f"too large to collect: {err}"
-                except OSError as err:
-                    yield rel, None, mtime, f"could not be read: {err.strerror or err}"
+            folders.add(rel)
+            if rel in seen:
+                continue
+            if os.path.islink(os.path.join(top, name)):  # os.walk lists it but never enters it
+                seen.add(rel)
+                yield rel, None, None, "a symbolic link: not followed"
+        for name in sorted(files):
+            rel = _rel(source, top, name)
+            if rel in seen:
+                continue
+            seen.add(rel)
+            yield from _folder_entries(os.path.join(top, name), rel, budget, keep)
         dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
+    if not second_pass:
+        for rel in vanished:
+            seen.add(rel)
+            yield rel, None, None, f"{CHANGED}: the folder was renamed or removed before it could be read"
+
+
+def _folder_entries(
+    path: str, rel: str, budget: _Budget, keep: tuple[str, ...]
+) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
+    """(rel, content or None, mtime, problem) of one file of a folder download (every entry of a zip)."""
+    try:
+        info = os.lstat(path)
+    except OSError as err:
+        yield rel, None, None, f"{CHANGED}: renamed or removed before it could be read ({err.strerror or err})"
+        return
+    mtime = datetime.fromtimestamp(info.st_mtime)
+    problem = skip_reason(rel)
+    if stat.S_ISLNK(info.st_mode):
+        yield rel, None, mtime, "a symbolic link: not followed"
+    elif not stat.S_ISREG(info.st_mode):
+        yield rel, None, mtime, "not a regular file"
+    elif problem:
+        yield rel, None, mtime, problem
+    elif rel.lower().endswith(".zip"):
+        opener = lambda p=path: open(p, "rb")  # noqa: E731, SIM115 (closed by _iter_nested)
+        yield from _iter_nested(rel, opener, mtime, 1, budget, keep)
+    elif not rel.lower().endswith(keep):
+        yield rel, None, mtime, "not a notebook (.ipynb)"
+    else:
+        try:
+            with open(path, "rb") as handle:
+                yield rel, _read_bounded(handle, budget, MAX_FILE_BYTES), mtime, ""
+        except _TooLarge as err:
+            yield rel, None, mtime, f"too large to collect: {err}"
+        except FileNotFoundError as err:
+            yield rel, None, mtime, f"{CHANGED}: renamed or removed before it could be read ({err.strerror})"
+        except OSError as err:
+            yield rel, None, mtime, f"could not be read: {err.strerror or err}"
 
 
 def _rel(source: Path, top: str, name: str) -> str:

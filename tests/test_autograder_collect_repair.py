@@ -335,6 +335,53 @@ def test_a_folder_input_never_follows_symlinks(course_root, release, tmp_path):
     assert "symbolic link" in reasons[f"amy/{NAME}"] and "symbolic link" in reasons["bob"]
 
 
+def _rename_while_reading(monkeypatch, first_read: str, rename: tuple) -> None:
+    """Rename ``rename[0]`` to ``rename[1]`` while collect reads the file whose path ends with ``first_read``
+    (an LMS sync or a colleague tidying the folder during the run), deterministically."""
+    from autograder import collect as collect_module
+
+    real = collect_module._read_bounded
+    done = []
+
+    def reading(handle, budget, limit):
+        if not done and str(getattr(handle, "name", "")).endswith(first_read):
+            done.append(True)
+            os.rename(*rename)
+        return real(handle, budget, limit)
+
+    monkeypatch.setattr(collect_module, "_read_bounded", reading)
+
+
+def test_a_student_folder_renamed_during_collect_is_not_lost(course_root, release, tmp_path, monkeypatch):
+    folder = tmp_path / "in"
+    for student in ("amy", "bob", "cyd"):
+        (folder / student).mkdir(parents=True)
+        (folder / student / NAME).write_bytes(notebook_bytes(release))
+    _rename_while_reading(monkeypatch, f"amy/{NAME}", (folder / "cyd", folder / "cyd-late"))
+    report = collect(folder, course_root, [ASSIGNMENT], "folder")
+    reasons = {e.source: e.reason for e in report.unmatched}
+    assert "changed while collecting" in reasons.get("cyd", ""), reasons
+    assert "changed while collecting" in reasons.get("cyd-late", ""), reasons
+    assert {e.source for e in report.collected} == {f"amy/{NAME}", f"bob/{NAME}", f"cyd-late/{NAME}"}
+
+
+def test_a_file_renamed_during_collect_stops_nothing(course_root, release, tmp_path, monkeypatch):
+    folder = tmp_path / "in"
+    (folder / "amy").mkdir(parents=True)
+    (folder / "amy" / "a.ipynb").write_bytes(notebook_bytes(release))
+    (folder / "amy" / "b.ipynb").write_bytes(notebook_bytes(release))
+    (folder / "bob").mkdir()
+    (folder / "bob" / NAME).write_bytes(notebook_bytes(release))
+    _rename_while_reading(monkeypatch, "amy/a.ipynb", (folder / "amy" / "b.ipynb", folder / "amy" / "c.ipynb"))
+    report = collect(folder, course_root, [ASSIGNMENT], "folder")
+    reasons = {e.source: e.reason for e in report.unmatched}
+    assert "changed while collecting" in reasons.get("amy/b.ipynb", ""), reasons
+    assert "changed while collecting" in reasons.get("amy/c.ipynb", ""), reasons
+    assert f"bob/{NAME}" in {e.source for e in report.collected}
+    sources = {e.source for e in report.collected} | {e.source for e in report.superseded}
+    assert {"amy/a.ipynb", "amy/c.ipynb"} <= sources, sources
+
+
 def test_members_are_streamed_with_bounds(course_root, release, tmp_path, monkeypatch):
     import tracemalloc
 

@@ -670,6 +670,185 @@ def calibration_samples(
     return samples
 
 
+# The recorded calibration module 5 plans with when this runtime's own measurements are too noisy: module 2's
+# server and the course's tiny model on the course's 2-core build machine (benchmarks/record_calibration.py).
+RECORDED_CALIBRATION = "course/data/calibration_m5.json"
+# The metrics the held-out check compares, simulated against measured.
+HELD_OUT_METRICS = tuple(f"{name} {q}" for name in ("ttft", "itl", "tpot") for q in ("p50", "p95"))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The simulator fitted to a running server, and how far to trust it.
+
+    Attributes:
+        cost: the fitted step cost (:class:`course.sim.LinearCost`).
+        samples: the microbenchmarks it was fitted to.
+        held_out: a measured run the fit never saw (Poisson arrivals), and ``rate`` the rate it was sent at.
+        errors: for each of :data:`HELD_OUT_METRICS`, the simulated replay of ``held_out`` over the
+            measurement, minus 1 (+0.10: the simulator said 10 % more).
+        noise: whether this runtime was quiet enough while the microbenchmarks ran (:func:`course.noise.check`).
+        source: where the fit comes from: "measured on this runtime", or the recorded calibration's label.
+    """
+
+    cost: Any
+    samples: tuple
+    held_out: tuple[RequestTrace, ...]
+    rate: float
+    errors: dict[str, float]
+    noise: Any
+    source: str
+
+    @property
+    def recorded(self) -> bool:
+        return self.source != "measured on this runtime"
+
+    @property
+    def worst(self) -> tuple[str, float]:
+        """The metric the simulator missed by most, and by how much (relative, signed)."""
+        name = max(self.errors, key=lambda k: abs(self.errors[k]))
+        return name, self.errors[name]
+
+    @property
+    def margin(self) -> float:
+        """The planning margin the held-out check implies: the largest error, as a share (0.18: plan 18 % low)."""
+        return abs(self.worst[1])
+
+    def describe(self) -> str:
+        lines = [f"calibration: {self.source}", f"  step cost: {self.cost.describe()}"]
+        lines.append(f"  held-out run: {len(self.held_out)} requests sent at {self.rate:.2f} req/s (Poisson)")
+        lines += [f"  {name.upper():9s} simulated {error:+.0%} against measured" for name, error in self.errors.items()]
+        name, error = self.worst
+        lines.append(f"  largest error {name} {error:+.0%}: plan with a margin of at least {self.margin:.0%}")
+        return "\n".join(lines)
+
+
+def held_out_errors(traces: Sequence[RequestTrace], config: Any, cost: Any) -> dict[str, float]:
+    """The simulator's replay of a measured run (same arrivals and lengths) against the measurement:
+    simulated / measured - 1 for each of :data:`HELD_OUT_METRICS`."""
+    from course import sim, workload
+
+    replayed = sim.simulate(workload.from_traces(list(traces)), config, cost).summary()
+    measured = metrics.summarize(list(traces))
+    errors = {}
+    for key in HELD_OUT_METRICS:
+        name, q = key.split()
+        got, want = getattr(replayed, name)[q], getattr(measured, name)[q]
+        errors[key] = got / want - 1 if want > 0 else math.nan
+    return errors
+
+
+def calibrate(
+    base_url: str,
+    server: dict,
+    prompts: Callable,
+    outputs: Callable,
+    *,
+    quick: bool = False,
+    recorded: str | None = RECORDED_CALIBRATION,
+    seed: int = 11,
+) -> Calibration:
+    """Fit the simulator to a running server (module 2's) and check it on a run it never saw: one call.
+
+    Microbenchmarks (:func:`calibration_samples`: prefills one at a time, decode waves; each point repeated 4
+    times so its spread is known) give :meth:`course.sim.LinearCost.fit` its samples; a Poisson run at a rate
+    that keeps the server busy about half the time is the held-out check (:func:`held_out_errors`, with
+    :func:`server_sim_config`'s scheduling). When the microbenchmarks' spread or the load average says this
+    runtime was too busy (:func:`course.noise.check`), the fit would measure the machine, not the server: the
+    recorded calibration of the same server and model (``recorded``, a path from the repository root) is used
+    instead, its source saying so. ``docs/calibration.md`` explains the machinery (the front end, the rounds, the
+    machine's drift).
+
+    Args:
+        base_url: the server.
+        server: its settings, ``{"max_batch_size": ..., "max_prefill_tokens": ...}``.
+        prompts, outputs: length samplers of the held-out run (``course.workload.uniform``).
+        quick: fewer microbenchmarks and requests (the autograder's mode).
+        recorded: the recorded calibration to fall back on; None never falls back.
+        seed: the held-out run's arrivals.
+    """
+    from course import noise, sim, workload
+    from course.serving import run_load
+
+    samples = calibration_samples(
+        base_url,
+        prefill_lengths=(16, 128) if quick else (16, 64, 192),
+        decode_batches=(1, 4) if quick else (1, 4, 8),
+        decode_contexts=(32, 128),
+        decode_output=8 if quick else 12,
+        repeats=4,  # >= 3 per point: the noise check needs each point's spread
+    )
+    quiet = noise.check([sample.spread for sample in samples], "a simulator fitted to this server")
+    config = server_sim_config(**server)
+    if not quiet.ok and recorded is not None:
+        found = load_calibration(recorded)
+        return replace(found, noise=quiet)
+    cost = sim.LinearCost.fit(samples, before_engine_share=before_engine_share(samples))
+    alone = cost.step_seconds(96, 0, 0) + 28 * cost.step_seconds(0, 1, 110)  # a median request served alone
+    rate = 0.5 / alone  # busy about half the time even if batching bought nothing
+    n = max(4, min(12 if quick else 24, int(rate * (15 if quick else 20))))  # a slow runtime stays quick
+    run = run_load(base_url, workload.poisson(rate, n, prompts, outputs, seed=seed), progress=False)
+    errors = held_out_errors(run.traces, config, cost)
+    return Calibration(cost, tuple(samples), tuple(run.traces), rate, errors, quiet, "measured on this runtime")
+
+
+def _sample_dict(sample: Any) -> dict:
+    data = {f: getattr(sample, f) for f in ("prefill_tokens", "decode_tokens", "kv_tokens_read", "seconds")}
+    data["deviations"] = list(sample.deviations)
+    data["attention_pairs"] = sample.attention_pairs
+    data["spread"] = None if sample.spread is None else vars(sample.spread)
+    data["front_end"] = None if sample.front_end is None else vars(sample.front_end)
+    return data
+
+
+def _sample_from(data: dict) -> CalibrationSample:
+    return CalibrationSample(
+        data["prefill_tokens"],
+        data["decode_tokens"],
+        data["kv_tokens_read"],
+        data["seconds"],
+        deviations=tuple(data["deviations"]),
+        attention_pairs=data["attention_pairs"],
+        spread=None if data["spread"] is None else Spread(**data["spread"]),
+        front_end=None if data["front_end"] is None else FrontEndSplit(**data["front_end"]),
+    )
+
+
+def save_calibration(calibration: Calibration, path: str, label: str, server: dict) -> None:
+    """Write a calibration's samples and held-out run as JSON, with ``label`` (where and when it was measured)
+    and the server's settings; :func:`load_calibration` refits and replays them."""
+    import json
+
+    data = {
+        "label": label,
+        "server": server,
+        "rate": calibration.rate,
+        "samples": [_sample_dict(s) for s in calibration.samples],
+        "held_out": [t.to_dict() for t in calibration.held_out],
+    }
+    with open(path, "w") as handle:
+        json.dump(data, handle, indent=1)
+        handle.write("\n")
+
+
+def load_calibration(path: str = RECORDED_CALIBRATION) -> Calibration:
+    """A recorded calibration (:func:`save_calibration`): the fit redone from its samples, its held-out run
+    replayed; ``source`` is its label, starting "recorded". ``path`` is relative to the repository root."""
+    import json
+    from pathlib import Path
+
+    from course import noise, sim
+
+    file = Path(path) if Path(path).is_absolute() else Path(__file__).resolve().parents[1] / path
+    data = json.loads(file.read_text())
+    samples = tuple(_sample_from(s) for s in data["samples"])
+    cost = sim.LinearCost.fit(samples, before_engine_share=before_engine_share(samples))
+    traces = tuple(RequestTrace.from_dict(t) for t in data["held_out"])
+    errors = held_out_errors(traces, server_sim_config(**data["server"]), cost)
+    checked = noise.check([s.spread for s in samples], "the recorded calibration", load=None)
+    return Calibration(cost, samples, traces, data["rate"], errors, checked, data["label"])
+
+
 def _raise_failures(traces: Sequence[RequestTrace], what: str) -> None:
     failed = [t for t in traces if not t.succeeded]
     if failed:
@@ -678,8 +857,14 @@ def _raise_failures(traces: Sequence[RequestTrace], what: str) -> None:
 
 # --- KV-cache quantization ----------------------------------------------------------------------
 
-# vLLM's --kv-cache-dtype names (vllm/config/cache.py, CacheDType), as module 4 and `course kv` use them.
-KV_SCHEMES = ("int8_per_token_head", "int4_per_token_head", "fp8")
+# vLLM's --kv-cache-dtype names (vllm/config/cache.py, CacheDType), as module 4 and `course kv` use them: the
+# ones whose values this module stores and reads back (the per-token-head integers and fp8, per token-head or
+# with vLLM's default scale of 1.0).
+KV_SCHEMES = ("int8_per_token_head", "fp8_per_token_head", "fp8", "int4_per_token_head")
+# vLLM's per-token-head kernels keep each scale at least this (vllm/v1/attention/ops/
+# triton_reshape_and_cache_flash.py, _reshape_cache_per_token_head; int4_per_token_head.py, the same in 0.34).
+_MIN_SCALE = 1e-6
+FP8_MAX = 448.0  # float8 e4m3's largest value (torch.finfo(torch.float8_e4m3fn).max)
 
 
 def kv_scheme(name: str) -> str:
@@ -695,27 +880,82 @@ def kv_scheme(name: str) -> str:
     return scheme
 
 
+def _round_half_away(x):
+    """Round to the nearest integer, ties away from zero: what vLLM's Triton kernels do before an int store."""
+    import torch
+
+    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+
+
+def hadamard_rotation(x, inverse: bool = False):
+    """vLLM's randomized Hadamard transform of the last dimension (``single_rht`` in
+    ``vllm/v1/attention/ops/int4_per_token_head.py``): deterministic +-1 signs, then the unnormalized
+    Walsh-Hadamard transform in blocks of the largest power of two dividing the dimension; ``inverse`` undoes
+    it exactly (vLLM divides the attention output by the block size)."""
+    import torch
+
+    d = x.shape[-1]
+    block = d & -d  # the largest power of two dividing d
+    if block < d:
+        lead = x.shape[:-1]
+        return hadamard_rotation(x.reshape(*lead, d // block, block), inverse).reshape(*lead, d)
+    generator = torch.Generator(device="cpu").manual_seed(0x9E3779B9)  # vLLM's _get_rht_signs(d, 0)
+    signs = (2.0 * torch.bernoulli(torch.full((d,), 0.5), generator=generator) - 1.0).to(x.dtype)
+
+    def transform(v):
+        h = 1
+        while h < d:
+            pairs = v.reshape(*v.shape[:-1], d // (2 * h), 2, h)
+            v = torch.stack([pairs[..., 0, :] + pairs[..., 1, :], pairs[..., 0, :] - pairs[..., 1, :]], dim=-2)
+            v = v.reshape(x.shape)
+            h <<= 1
+        return v
+
+    if inverse:
+        return transform(x) * signs / d
+    return transform(x * signs)
+
+
 def quantize_kv(x, scheme: str):
-    """``x`` stored in a low-precision KV format and read back (same shape and dtype as ``x``).
+    """``x`` stored in a low-precision KV format and read back (same shape and dtype as ``x``), as vLLM 0.32's
+    kernels store it (the same code in 0.34).
 
     x: (batch, kv_heads, tokens, head_dim) keys or values.
 
-    * "int8_per_token_head" / "int4_per_token_head" ("int8" / "int4" also work): symmetric integers
-      with one scale per cached vector (one head of one token), ``scale = max|x| / 127`` (int4: 7),
-      values rounded and clipped; the per-token, per-head granularity of LMDeploy's online KV
-      quantization (without its zero point).
-    * "fp8": float8 e4m3 with a scale of 1.0, what vLLM's ``kv_cache_dtype="fp8"`` uses when no
-      calibrated scales are given (values beyond +-448 saturate).
+    * "int8_per_token_head" ("int8"): one scale per cached vector (one head of one token), ``max|x| / 127``
+      (at least 1e-6), values rounded half away from zero and clipped to [-128, 127]
+      (``vllm/v1/attention/ops/triton_reshape_and_cache_flash.py``, ``_reshape_cache_per_token_head``).
+    * "fp8_per_token_head": the same scale per vector with the e4m3 range, ``max|x| / 448``, values stored as
+      float8 e4m3 (same kernel).
+    * "fp8": float8 e4m3 with a scale of 1.0, what ``kv_cache_dtype="fp8"`` uses without calibrated scales
+      (values beyond +-448 saturate).
+    * "int4_per_token_head" ("int4"): the vector rotated by vLLM's randomized Hadamard transform
+      (:func:`hadamard_rotation`), then *asymmetric* 4-bit integers: 16 levels from its minimum to its
+      maximum, ``scale = (max - min) / 15`` and a 4-bit zero point ``round(-min / scale)``, read back and
+      rotated back (``vllm/v1/attention/ops/int4_per_token_head.py``, ``_reshape_cache_int4_kernel``; vLLM
+      hides the zero point in the fp32 scale's 4 lowest mantissa bits, a change of the scale below 2^-19
+      that this leaves out).
     """
     import torch
 
     scheme = kv_scheme(scheme)
     if scheme == "fp8":
-        return x.clamp(-448, 448).to(torch.float8_e4m3fn).to(x.dtype)
-    levels = 127 if scheme == "int8_per_token_head" else 7
-    scale = x.abs().amax(dim=-1, keepdim=True) / levels
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero vector stays zero
-    return (torch.round(x / safe).clamp(-levels, levels) * safe).to(x.dtype)
+        return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype)
+    v = x.float()
+    if scheme == "int4_per_token_head":
+        v = hadamard_rotation(v)
+        low, high = v.amin(dim=-1, keepdim=True), v.amax(dim=-1, keepdim=True)
+        scale = ((high - low) / 15.0).clamp(min=_MIN_SCALE)
+        zero = _round_half_away(-low / scale).clamp(0, 15)
+        stored = _round_half_away(v / scale + zero).clamp(0, 15)
+        return hadamard_rotation((stored - zero) * scale, inverse=True).to(x.dtype)
+    top = 127.0 if scheme == "int8_per_token_head" else FP8_MAX
+    scale = (v.abs().amax(dim=-1, keepdim=True) / top).clamp(min=_MIN_SCALE)
+    if scheme == "int8_per_token_head":
+        stored = _round_half_away(v / scale).clamp(-128, 127)
+    else:
+        stored = (v / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+    return (stored * scale).to(x.dtype)
 
 
 @dataclass(frozen=True)
@@ -723,7 +963,7 @@ class QuantizationQuality:
     """Predictions of one model with a quantized KV cache against the same model without.
 
     Attributes:
-        scheme: "none" or a :data:`KV_SCHEMES` name ("int8_per_token_head", "int4_per_token_head", "fp8").
+        scheme: "none" (the model's own dtype) or a :data:`KV_SCHEMES` name.
         perplexity: exp(mean negative log-likelihood) of the held-out tokens.
         agreement: fraction of positions where the top-1 next token equals the unquantized cache's.
         tokens: positions scored.

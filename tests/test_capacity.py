@@ -125,21 +125,46 @@ def test_quantize_kv_int8_is_per_vector():
 
 def test_quantize_kv_zero_vector_and_int4_and_fp8():
     zeros = torch.zeros(1, 2, 3, 8)
-    assert torch.equal(capacity.quantize_kv(zeros, "int8"), zeros)
+    for scheme in capacity.KV_SCHEMES:
+        assert torch.equal(capacity.quantize_kv(zeros, scheme).abs(), zeros), scheme
     x = torch.linspace(-1, 1, 16).reshape(1, 1, 1, 16)
-    q4 = capacity.quantize_kv(x, "int4")
-    assert len(torch.unique(q4)) <= 15  # 15 levels: -7..7
     q8 = capacity.quantize_kv(x, "fp8")
     assert (q8 - x).abs().max() < 0.07  # e4m3 keeps 3 mantissa bits
     assert capacity.quantize_kv(torch.tensor([1000.0]), "fp8").item() == 448.0  # saturates at the e4m3 max
+    big = torch.tensor([[[[1000.0, -500.0, 1.0, 0.0]]]])  # per token-head fp8 scales instead of saturating
+    assert torch.allclose(capacity.quantize_kv(big, "fp8_per_token_head"), big, rtol=0.07, atol=1000 / 448)
     with pytest.raises(ValueError, match="scheme"):
         capacity.quantize_kv(x, "int2")
 
 
+def test_int4_per_token_head_is_vllms_rotated_asymmetric_4_bits():
+    """vLLM 0.32's int4_per_token_head (vllm/v1/attention/ops/int4_per_token_head.py): rotate by a randomized
+    Hadamard transform, store 16 levels from the vector's minimum to its maximum with a zero point, rotate back."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 2, 6, 64, generator=g) + 3.0  # an offset: asymmetric levels keep it, symmetric ones waste half
+    rotated = capacity.hadamard_rotation(x)
+    assert torch.allclose(capacity.hadamard_rotation(rotated, inverse=True), x, atol=1e-5)
+    assert torch.allclose(rotated.pow(2).sum(-1), 64 * x.pow(2).sum(-1), rtol=1e-5)  # H H = d I: norm sqrt(d)
+    q = capacity.quantize_kv(x, "int4")
+    levels = capacity.hadamard_rotation(q)
+    step = (rotated.amax(-1, keepdim=True) - rotated.amin(-1, keepdim=True)) / 15
+    assert ((levels - rotated).abs() <= step / 2 + 1e-4).all()  # within half a step in the rotated space
+    assert all(len(torch.unique(torch.round((levels[i, j, t] - levels[i, j, t].min()) / step[i, j, t]))) <= 16
+               for i in range(2) for j in range(2) for t in range(6))  # fmt: skip
+    odd = torch.randn(1, 1, 2, 96, generator=g)  # 96 = 3 x 32: rotated in blocks of 32, as vLLM
+    assert torch.allclose(capacity.hadamard_rotation(capacity.hadamard_rotation(odd), inverse=True), odd, atol=1e-5)
+
+
+def test_int8_per_token_head_rounds_half_away_from_zero_like_vllms_kernel():
+    x = torch.tensor([[[[127.0, 0.5, -0.5, 1.5, -2.5]]]])  # scale 1: the ties of Python's round() differ
+    assert capacity.quantize_kv(x, "int8").tolist() == [[[[127.0, 1.0, -1.0, 2.0, -3.0]]]]
+
+
 def test_quantization_error_grows_as_bits_shrink():
     x = torch.randn(2, 2, 32, 64, generator=torch.Generator().manual_seed(0))
-    errors = {s: float((capacity.quantize_kv(x, s) - x).pow(2).mean()) for s in ("int8", "fp8", "int4")}
-    assert errors["int8"] < errors["fp8"] < errors["int4"]
+    errors = {s: float((capacity.quantize_kv(x, s) - x).pow(2).mean()) for s in capacity.KV_SCHEMES}
+    assert errors["int8_per_token_head"] < errors["fp8_per_token_head"] < errors["int4_per_token_head"]
+    assert errors["fp8_per_token_head"] < errors["fp8"]  # a scale per vector uses e4m3's range
 
 
 def test_kv_quantization_quality_on_the_tiny_model():
@@ -148,7 +173,7 @@ def test_kv_quantization_quality_on_the_tiny_model():
     lm = build_tiny_model()
     text = "def add(a, b):\n    return a + b\n" * 12
     scores = {q.scheme: q for q in capacity.kv_quantization_quality(lm, text, chunk=8, window=32)}
-    assert set(scores) == {"none", "int8_per_token_head", "int4_per_token_head", "fp8"}  # vLLM's names
+    assert set(scores) == {"none", *capacity.KV_SCHEMES}  # vLLM's names
     assert scores["none"].agreement == 1.0
     assert all(math.isfinite(q.perplexity) and q.tokens == scores["none"].tokens for q in scores.values())
     assert scores["int8_per_token_head"].agreement >= scores["int4_per_token_head"].agreement
@@ -255,7 +280,7 @@ def test_kv_schemes_take_vllms_names_and_the_short_ones():
     for short, vllm_name in (("int8", "int8_per_token_head"), ("int4", "int4_per_token_head")):
         assert torch.equal(capacity.quantize_kv(x, short), capacity.quantize_kv(x, vllm_name))
         assert capacity.kv_scheme(short) == vllm_name
-    with pytest.raises(ValueError, match="int8_per_token_head, int4_per_token_head, fp8"):
+    with pytest.raises(ValueError, match="int8_per_token_head, fp8_per_token_head, fp8, int4_per_token_head"):
         capacity.kv_scheme("bf16")
 
 

@@ -98,7 +98,6 @@ def good() -> plan.Plan:
     [
         ({"gpu": "T4"}, "not on the menu"),
         ({"gpu": "B300"}, "not a catalogue GPU"),
-        ({"gpu_memory_utilization": 0.97}, "out-of-memory"),
         ({"gpu_memory_utilization": 0.15}, "does not start"),
         ({"max_output_tokens": 1000}, "truncates reports"),
         ({"pools": (plan.Pool(("chat",), 3),)}, "'reports' is in 0 pools"),
@@ -116,13 +115,28 @@ def test_problems_can_be_asked_by_kind():
     """The notebook's visible test asks for the checks a plan must pass to be simulated at all (menu, pools,
     start); the cap and the headroom are the hidden test's."""
     truncating = replace(good(), max_output_tokens=1000, gpu_memory_utilization=0.97)
-    assert not plan.problems(truncating, SCENARIO, kinds=("menu", "pools", "start"))
-    assert {p.split()[0] for p in plan.problems(truncating, SCENARIO)} == {
-        "max_output_tokens",
-        "gpu_memory_utilization",
-    }
+    estimate = replace(SCENARIO, release="0.32.0")  # the headroom rule is the profiling estimate's
+    assert not plan.problems(truncating, estimate, kinds=("menu", "pools", "start"))
+    found = {p.split()[0] for p in plan.problems(truncating, estimate)}
+    assert found == {"max_output_tokens", "gpu_memory_utilization"}
     with pytest.raises(ValueError, match="unknown problem kinds"):
         plan.problems(good(), SCENARIO, kinds=("price",))
+
+
+def test_the_headroom_rule_is_the_estimates_and_vllm_034_warns_instead():
+    """vLLM 0.32 (and 0.34 without the extensible KV cache) sizes the cache from a profiling estimate: what it
+    did not profile must fit outside its share, so 0.97 of an H100 is an out-of-memory crash waiting for peak
+    load. 0.34 measures the cache after warm-up and keeps its own margin: 0.97 is allowed, and an explicit 0.9
+    keeps free memory out of the cache, which vLLM warns about and the verdict repeats."""
+    high = replace(good(), gpu_memory_utilization=0.97)
+    estimate = replace(SCENARIO, release="0.32.0")
+    assert any("out-of-memory" in p for p in plan.problems(high, estimate))
+    assert not plan.problems(high, SCENARIO)
+    withheld = plan.check_plan(replace(good(), gpu_memory_utilization=0.9), SCENARIO, reference=False)
+    assert any("keeping" in note and "out of the KV cache" in note for note in withheld.notes), withheld.notes
+    assert not plan.check_plan(good(), SCENARIO, reference=False).notes
+    unset = plan.pool_budget(good().resolved_pools[0], SCENARIO)
+    assert unset.extensible and unset.utilization == 1.0 and unset.block_size == 64
 
 
 def test_a_card_the_model_does_not_fit_is_refused_even_when_priced():

@@ -77,7 +77,9 @@ def course_version() -> str:
 
 
 def worker_report() -> dict:
-    """What a worker can do (run on every worker before any job)."""
+    """What a worker can do (run on every worker before any job); it also removes the job folders that
+    workers killed earlier on this machine left behind."""
+    sweep_stale_jobs()
     return {
         "host": socket.gethostname(),
         "version": course_version(),
@@ -107,9 +109,8 @@ def grade_on_worker(payload: dict) -> dict:
     if limits.threads <= 0:  # this machine's cores shared by every worker thread on it (several processes too)
         threads = payload.get("host_threads", {}).get(_host(where)) or _worker_threads()
         limits = dataclasses.replace(limits, threads=max(1, (os.cpu_count() or 1) // threads))
-    with tempfile.TemporaryDirectory(prefix="autograder-job-") as tmp:
-        folder = Path(tmp)
-        os.chmod(folder, 0o700)
+    sweep_stale_jobs()
+    with _job_folder() as folder:
         (folder / "submitted").mkdir()
         notebooks = {}
         for name, data in payload["notebooks"].items():
@@ -145,6 +146,57 @@ def grade_on_worker(payload: dict) -> dict:
     data["worker"] = where
     data["worker_seconds"] = time.perf_counter() - started
     return data
+
+
+JOBS_FOLDER = "autograder-jobs"
+
+
+def jobs_root() -> Path:
+    """Where workers stage their jobs on this machine (root-only): one folder per job, named after the
+    worker process that made it, so that the folder of a worker killed mid-job can be told and removed."""
+    root = Path(tempfile.gettempdir()) / f"{JOBS_FOLDER}-{os.geteuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    if root.is_symlink() or root.stat().st_uid != os.geteuid():
+        raise RuntimeError(f"{root} is not this user's own folder: remove it, then start the worker again")
+    os.chmod(root, 0o700)
+    return root
+
+
+def _process_tag(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot), which tells it from a later process with
+    the same pid; None when no such process exists."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+@contextlib.contextmanager
+def _job_folder():
+    """A fresh, root-only folder for one job, removed afterwards; a worker killed in between leaves it for
+    :func:`sweep_stale_jobs`."""
+    pid = os.getpid()
+    folder = Path(tempfile.mkdtemp(prefix=f"job-{pid}-{_process_tag(pid) or 0}-", dir=jobs_root()))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep_stale_jobs(root: Path | None = None) -> list[str]:
+    """Remove the job folders of worker processes that are gone (killed mid-job: the student's notebooks and
+    a gradebook with the hidden tests would otherwise stay on the machine); returns the names removed."""
+    root = root or jobs_root()
+    removed = []
+    for folder in root.glob("job-*"):
+        parts = folder.name.split("-")
+        if len(parts) < 4 or not parts[1].isdigit():
+            continue
+        if _process_tag(int(parts[1])) != parts[2]:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    return removed
 
 
 def _worker_address() -> str:

@@ -238,6 +238,10 @@ def test_a_worker_killed_mid_job_costs_no_grade_and_the_class_matches_a_local_ru
     assert _csv(root) == local_csv, "the cluster's grades.csv differs from the local run's"
     assert _gradebook_submissions(root) == sorted(CLASS), "every student exactly once in the gradebook"
     assert sorted(p.name for p in (root / "autograded").iterdir()) == sorted(CLASS)
+    from autograder.cluster import jobs_root
+
+    left = sorted(p.name for p in jobs_root().glob(f"job-{first.pid}-*"))
+    assert not left, f"the killed worker's job folder (a gradebook with the hidden tests) is still there: {left}"
 
 
 def test_a_class_graded_on_the_cluster_lands_in_a_postgresql_gradebook(cluster, tmp_path, local_csv, postgres):  # noqa: F811
@@ -385,6 +389,22 @@ def test_the_same_class_graded_twice_at_once_is_refused(cluster, tmp_path, capsy
     err = capsys.readouterr().err
     assert code == 2 and "another autograder run is grading tiny into the gradebook" in err, err
     assert not (copies[1].root / "autograded").exists(), "the refused run graded someone"
+
+
+def test_job_folders_of_processes_that_are_gone_are_removed(tmp_path):
+    from autograder.cluster import _process_tag, sweep_stale_jobs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mine = tmp_path / f"job-{os.getpid()}-{_process_tag(os.getpid())}-abc"
+    gone = tmp_path / f"job-{dead.pid}-{_process_tag(os.getpid())}-def"  # its pid may be reused: tagged apart
+    reused = tmp_path / f"job-{os.getpid()}-1-ghi"  # this pid, but another process's start time
+    for folder in (mine, gone, reused):
+        (folder / "in").mkdir(parents=True)
+        (folder / "in" / "gradebook.db").write_text("hidden tests")
+    removed = sweep_stale_jobs(tmp_path)
+    assert sorted(removed) == sorted([gone.name, reused.name])
+    assert mine.is_dir() and not gone.exists() and not reused.exists()
 
 
 def test_bad_cluster_options_are_clear_errors(tmp_path, capsys):

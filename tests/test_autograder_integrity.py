@@ -64,6 +64,21 @@ FORKS = {
         "        os._exit(0)\n"
         "os._exit(1)"
     ),
+    # a bomb whose children fork too, for ever, at the process limit: the restart must still bring a kernel up
+    "children_keep_forking": (
+        "import os, time\n"
+        "for _ in range(100000):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            while True:\n"
+        "                try:\n"
+        "                    os.fork()\n"
+        "                except OSError:\n"
+        "                    time.sleep(0.001)\n"
+        "    except OSError:\n"
+        "        break\n"
+        "os._exit(1)"
+    ),
     # a fork bomb whose children survive: the process limit is used up when the kernel exits
     "fork_bomb_survivors": (
         "import os, time\n"

@@ -11,7 +11,7 @@
    each request's second half, i.e. the step time at that batch and context, once the wave's prompts
    are all prefilled). ``course.capacity.prefill_sample`` and ``decode_sample`` turn the traces into
    step samples, the method of module 5's ``course.capacity.calibration_samples``, and
-   ``course.sim.LinearCost.fit`` turns them into ``a + b*prefill + c*decode + d*KV read`` and ``f`` per
+   ``course.sim.calibration.fit`` turns them into ``a + b*prefill + c*decode + d*KV read`` and ``f`` per
    attention pair of a prompt (``n(n+1)/2`` for ``n`` tokens: the prefill's attention grows with the
    square of the prompt, and one slope from 16 to 512 tokens missed 128 long) and ``g`` on each step of
    two or more token rows (a lone decode row takes a matrix-vector kernel, more rows a matrix-matrix
@@ -23,7 +23,7 @@
    ``/metrics``, from its engine's arrival stamp) and its prefill passes (``/health``): the share of
    a request's time outside the pass that comes before the engine sees it becomes
    ``before_engine``, which under load the request waits for, twice as long while a step runs
-   (``course.sim.rules.FrontDoor``). The microbenchmarks run in rounds (six for the course's
+   (``course.sim.frontend.FrontDoor``). The microbenchmarks run in rounds (six for the course's
    server, two for vLLM), one before the run, the others between its parts and after it; the fit
    uses each one's mean over the rounds: each microbenchmark lasts a second or less and catches one
    stretch of a machine whose speed can move by 40 % for seconds at a time (``COURSE_ROUNDS``). For
@@ -35,7 +35,7 @@
    Each prefill microbenchmark's first request, sent after a pause, against the ones sent back to back
    gives ``idle_wake``: what a request that finds the server idle waits more for it to wake up. For the
    course's server, eight lone 128-token prefills sent while one request decodes, against the round's lone
-   prefills, give ``front_end_slowdown``: how many times longer the front end's work takes beside a step.
+   prefills, give the front end's ``slowdown``: how many times longer the front end's work takes beside a step.
 3. **The run to predict**: Poisson arrivals measured with ``course bench --request-rate ... --output``,
    in parts between the calibration rounds (five parts with six rounds: round, part, round, ...,
    part, round), so that the calibration and the run see the same stretch of a machine whose speed drifts;
@@ -95,8 +95,8 @@ from course.capacity import (
     server_sim_config,
     settled_prefill_counters,
 )
-from course.sim import LinearCost, SimConfig, StepSample, simulate
-from course.sim.cost import fit_spread
+from course.sim import FrontEnd, ServerCost, SimConfig, StepSample, simulate
+from course.sim.calibration import fit, fit_spread
 from course.trace import load_traces, save_traces
 from course.workload import all_at_once, from_traces
 
@@ -126,7 +126,7 @@ STEAL_RETRIES = 2
 # event loop's handling of the first token); folders kept before 2026-12-03 evening have the first two.
 PREFILL_PASSES = "prefill_passes.json"
 # Lone prefills that arrive while one request decodes (the course's server only: its front end shares the engine's
-# core): how many times longer the front end's work takes beside a step (LinearCost.front_end_slowdown), fitted so
+# core): how many times longer the front end's work takes beside a step (FrontEnd.slowdown), fitted so
 # that the simulator gives these prefills the TTFT they measured over the round's lone ones. In eight kept runs
 # requests that found one request decoding waited 1-5 of its steps before their prefill, against 1-2 simulated
 # with an even share of the core (2026-12-04, benchmarks/RESULTS.md).
@@ -343,7 +343,7 @@ def _named(sample: StepSample) -> str:
     return f"the decode step of {rows} reading {sample.kv_tokens_read} cached tokens"
 
 
-def saturation_rate(config: SimConfig, cost: LinearCost, prompt: int, output: int, n: int) -> float:
+def saturation_rate(config: SimConfig, cost: ServerCost, prompt: int, output: int, n: int) -> float:
     """Requests per second the calibrated simulator completes when ``n`` requests arrive at once: the
     capacity against which ``--load`` sets the arrival rate."""
     result = simulate(all_at_once(n, prompt, output), config, cost)
@@ -438,7 +438,7 @@ def front_end_per_request(rounds: list[list[StepSample]], passes: list[dict[str,
     return statistics.fmean(outside) if outside else None
 
 
-def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConfig, measured: list, real,
+def explain_course(run_steps: dict[str, list], cost: ServerCost, config: SimConfig, measured: list, real,
                    prompt_tokens: int, front_end: float | None = None) -> None:  # fmt: skip
     """The run's own steps (the server's counters over the run's parts) against the fitted line, and
     the simulation again with a line fitted to them: what the simulator misses when it knows the
@@ -452,7 +452,7 @@ def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConf
           "(prefills without the front end's e, which the server spends outside them):")  # fmt: skip
     print("{:>12s} {:>7s} {:>12s} {:>10s} {:>8s}".format("step", "count", "measured ms", "line ms", "error"))
     totals = {"decode": [0.0, 0.0], "prefill": [0.0, 0.0]}  # measured, predicted seconds
-    forward = dataclasses.replace(cost, e=0.0)  # the line's step without the front end's work
+    forward = dataclasses.replace(cost.step, e=0.0)  # the line's step without the front end's work
     for sample in own:
         kind = "prefill" if sample.prefill_tokens else "decode"
         size = sample.prefill_tokens or sample.decode_tokens
@@ -472,21 +472,20 @@ def explain_course(run_steps: dict[str, list], cost: LinearCost, config: SimConf
     # The run's own steps fix a, b, c and d. The server's counters time its forward passes, not the event
     # loop's work around them: that comes from the calibration, as its TTFTs minus the passes it counted
     # (the fitted e belongs beside the fitted line's a + b x prompt, which need not be the pass).
-    line = LinearCost.fit(own, front_end="none", spread=False, seed=cost.seed)
+    line = fit(own, front_end="none", spread=False, seed=cost.step.seed).step
     prefilled = any(s.prefill_tokens for s in own)
     if not prefilled:  # no prefill size counted often enough: keep the calibration's b
-        line = dataclasses.replace(line, b=cost.b, f=cost.f)  # g: the run's own decodes of one row and of more
-    fitted = cost.e + cost.before_engine
+        line = dataclasses.replace(line, b=cost.step.b, f=cost.step.f)  # g: the run's own decodes of one row and more
+    fitted = cost.step.e + cost.front_end.before_engine
     if front_end is None or not prefilled:
         front_end, source = fitted, "the fitted e"
     else:
         source = "the calibration's median TTFTs minus the prefill passes the server counted in them"
     print(f"front end per request: {front_end * 1e3:.2f} ms ({source}; the fitted e: {fitted * 1e3:.2f} ms)")
-    share = cost.before_engine / fitted if fitted else 0.0  # as much of it before the engine as fitted
-    knowing = dataclasses.replace(line, e=front_end * (1 - share), before_engine=front_end * share,
-                                  latency=cost.latency, idle_wake=cost.idle_wake, spread=cost.spread,
-                                  prefill_spread=cost.prefill_spread,
-                                  front_end_slowdown=cost.front_end_slowdown)  # fmt: skip
+    share = cost.front_end.before_engine / fitted if fitted else 0.0  # as much of it before the engine as fitted
+    knowing = ServerCost(dataclasses.replace(line, e=front_end * (1 - share), spread=cost.step.spread,
+                                             prefill_spread=cost.step.prefill_spread),
+                         dataclasses.replace(cost.front_end, before_engine=front_end * share))  # fmt: skip
     replay = from_traces(measured, name="the measured run")
     model = metrics.summarize(knowing.delivered(simulate(replay, config, knowing).traces))
     errors = {f"{name.upper()} {q}": getattr(model, name)[q] / getattr(real, name)[q] - 1
@@ -767,7 +766,7 @@ def _median_ttft(traces) -> float:
     return statistics.median(metrics.ttft(t) for t in traces)
 
 
-def beside_extra(beside: list, lone: list, cost: LinearCost, config: SimConfig | None) -> float:
+def beside_extra(beside: list, lone: list, cost: ServerCost, config: SimConfig | None) -> float:
     """How much longer (s) the median TTFT of the prefills in ``beside`` (the microbenchmark's traces, or the
     simulator's) is than the median of the ``lone`` prefills sent back to back; with ``config``, the simulator's
     under ``cost``.
@@ -778,20 +777,20 @@ def beside_extra(beside: list, lone: list, cost: LinearCost, config: SimConfig |
     """
     if config is not None:
         beside = cost.delivered(simulate(from_traces(beside), config, cost).traces)
-        awake = dataclasses.replace(cost, idle_wake=0.0)
+        awake = cost.replace(idle_wake=0.0)
         lone = awake.delivered(simulate(from_traces(lone), config, awake).traces)
     back_to_back = sorted(lone, key=lambda t: t.send_time)[1:] or lone
     return _median_ttft([t for t in beside if t.request_id != BESIDE_STREAM_ID]) - _median_ttft(back_to_back)
 
 
-def front_end_slowdowns(pairs: list[tuple[list, list]], cost: LinearCost, config: SimConfig) -> list[float]:
-    """Per round, the ``front_end_slowdown`` (on :data:`SLOWDOWNS`) with which the simulator gives the prefills that
+def front_end_slowdowns(pairs: list[tuple[list, list]], cost: ServerCost, config: SimConfig) -> list[float]:
+    """Per round, the front end's ``slowdown`` (on :data:`SLOWDOWNS`) with which the simulator gives the prefills that
     arrived while a request decoded the median TTFT they measured over the round's lone prefills of that size.
 
     Over the lone ones, not alone: a round that caught a slow stretch of the machine slowed both, and the fitted
     line, from every round, does not know it. ``pairs``: :func:`beside_facts`. [] without ``before_engine``
     (nothing to slow down) or without the microbenchmark."""
-    if not cost.before_engine:
+    if not cost.front_end.before_engine:
         return []
     # The microbenchmark holds a few hundred tokens: a pool of BESIDE_BLOCKS is plenty, and the run's (ten million
     # blocks: no KV limit) takes half a second to set up per simulation.
@@ -799,7 +798,7 @@ def front_end_slowdowns(pairs: list[tuple[list, list]], cost: LinearCost, config
     fits = []
     for beside, lone in pairs:
         measured = beside_extra(beside, lone, cost, None)
-        errors = {slowdown: abs(beside_extra(beside, lone, dataclasses.replace(cost, front_end_slowdown=slowdown),
+        errors = {slowdown: abs(beside_extra(beside, lone, cost.replace(slowdown=slowdown),
                                              config) - measured) for slowdown in SLOWDOWNS}  # fmt: skip
         fits.append(min(errors, key=errors.get))
     return fits
@@ -863,7 +862,7 @@ def pass_means(passes: list[dict[str, list]]) -> dict[int, float]:
                                    if counted.get(str(size), [0])[0]) for size in sizes}  # fmt: skip
 
 
-def fitted_cost(args: argparse.Namespace, front_end: str, samples: list[StepSample], facts: dict) -> LinearCost:
+def fitted_cost(args: argparse.Namespace, front_end: str, samples: list[StepSample], facts: dict) -> ServerCost:
     """The cost fitted to the calibration: with the share of the front end's work before the engine
     (``--before-engine-share``, else as the calibration measured it, else none).
 
@@ -879,14 +878,14 @@ def fitted_cost(args: argparse.Namespace, front_end: str, samples: list[StepSamp
     if front_end == "step" and facts.get("calibration_passes"):
         split = front_end_with_passes(samples, pass_means(facts["calibration_passes"]), share, args.seed)
     if split is None:
-        split = LinearCost.fit(samples, front_end=front_end, seed=args.seed, before_engine_share=share)
-    cost = dataclasses.replace(split, idle_wake=wake)
+        split = fit(samples, front_end=front_end, seed=args.seed, before_engine_share=share)
+    cost = split.replace(idle_wake=wake)
     slowdowns = front_end_slowdowns(facts.get("beside_stream", []), cost, sim_config(args))
-    return dataclasses.replace(cost, front_end_slowdown=statistics.median(slowdowns)) if slowdowns else cost
+    return cost.replace(slowdown=statistics.median(slowdowns)) if slowdowns else cost
 
 
 def front_end_with_passes(samples: list[StepSample], passes: dict[int, float], share: float,
-                          seed: int) -> LinearCost | None:  # fmt: skip
+                          seed: int) -> ServerCost | None:  # fmt: skip
     """The line fitted to the decode samples and the server's own prefill passes (``passes``: prompt
     tokens -> mean pass, s), and the front end as what each prefill sample's TTFT spends outside its
     pass, averaged over the prompt sizes (``share`` of it before the engine). The spreads are the
@@ -902,10 +901,11 @@ def front_end_with_passes(samples: list[StepSample], passes: dict[int, float], s
     if outside <= 0:
         return None
     steps = [dataclasses.replace(s, seconds=passes[s.prefill_tokens]) if s.prefill_tokens else s for s in samples]
-    line = LinearCost.fit(steps, front_end="none", spread=False, seed=seed)
-    return dataclasses.replace(line, e=outside * (1 - share), before_engine=outside * share,
-                               spread=fit_spread([s for s in samples if not s.prefill_tokens]),
-                               prefill_spread=fit_spread(prefills))  # fmt: skip
+    line = fit(steps, front_end="none", spread=False, seed=seed).step
+    return ServerCost(dataclasses.replace(line, e=outside * (1 - share),
+                                          spread=fit_spread([s for s in samples if not s.prefill_tokens]),
+                                          prefill_spread=fit_spread(prefills)),
+                      FrontEnd(before_engine=outside * share))  # fmt: skip
 
 
 def report(
@@ -916,21 +916,22 @@ def report(
     rate, capacity = facts["rate"], facts["capacity"]
     samples = merge_rounds(rounds)
     cost = fitted_cost(args, front_end, samples, facts)
-    line = LinearCost.fit(samples, front_end="none", spread=False, shape=False)
+    line = fit(samples, front_end="none", spread=False, shape=False)
     print(f"\nfitted {cost.describe()}")
     passes = pass_means(facts.get("calibration_passes", []))
     if front_end == "step" and front_end_with_passes(samples, passes, 0.0, args.seed) is not None:
         print(f"  the steps fitted to the decodes and the server's own prefill passes; the front end, "
-              f"{(cost.e + cost.before_engine) * 1e3:.2f} ms per request, is the prefill microbenchmarks' median "
-              "TTFTs minus those passes")  # fmt: skip
-    if cost.before_engine:
+              f"{(cost.step.e + cost.front_end.before_engine) * 1e3:.2f} ms per request, is the prefill "
+              "microbenchmarks' median TTFTs minus those passes")  # fmt: skip
+    before = cost.front_end.before_engine
+    if before:
         source = ("--before-engine-share" if args.before_engine_share is not None else
                   "the prefill microbenchmarks' TTFTs at the client, at the server and inside the engine")  # fmt: skip
-        print(f"  of a lone request's front-end time, {cost.before_engine / (cost.before_engine + cost.e):.0%} comes "
+        print(f"  of a lone request's front-end time, {before / (before + cost.step.e):.0%} comes "
               f"before the engine sees it ({source}): under load the request waits for it")  # fmt: skip
     slowdowns = front_end_slowdowns(facts.get("beside_stream", []), cost, config)
     if slowdowns:
-        print(f"  beside a step that work takes {cost.front_end_slowdown:.3g}x as long: the median of the rounds' "
+        print(f"  beside a step that work takes {cost.front_end.slowdown:.3g}x as long: the median of the rounds' "
               f"{', '.join(f'{s:.3g}' for s in slowdowns)} (lone prefills sent while one request decodes, against "
               "the round's lone prefills)")  # fmt: skip
     print(f"the plain four-term line: {line.describe()}")
@@ -981,7 +982,7 @@ def report(
     return 0
 
 
-def explain_vllm(breakdown: dict[str, float], real, model, cost: LinearCost, missed: list[str]) -> None:
+def explain_vllm(breakdown: dict[str, float], real, model, cost: ServerCost, missed: list[str]) -> None:
     """Where vLLM's time went by its own metrics, and which part of it the simulator misses."""
     ms = {name: value * 1e3 for name, value in breakdown.items()}
     if not {"time_to_first_token_seconds", "request_queue_time_seconds", "request_prefill_time_seconds"} <= set(ms):
@@ -997,7 +998,7 @@ def explain_vllm(breakdown: dict[str, float], real, model, cost: LinearCost, mis
     print(f"  TTFT at the client {client_ttft:.2f} ms; vLLM's TTFT {server_ttft:.2f} ms = queue {queue:.2f} + "
           f"prefill {prefill:.2f} + the rest {server_ttft - queue - prefill:.2f} ms (the hand-off to the engine "
           f"core and back); before vLLM's clock {client_ttft - server_ttft:.2f} ms (HTTP, serving layer)")  # fmt: skip
-    print(f"  the fitted front-end latency: {cost.latency * 1e3:.2f} ms per request, off the steps")
+    print(f"  the fitted front-end latency: {cost.front_end.latency * 1e3:.2f} ms per request, off the steps")
     if "inter_token_latency_seconds" in ms:
         inside = ms["inter_token_latency_seconds"]
         print(f"  ITL mean: at the client {real.itl['mean'] * 1e3:.2f} ms, inside vLLM {inside:.2f} ms, "
@@ -1005,13 +1006,13 @@ def explain_vllm(breakdown: dict[str, float], real, model, cost: LinearCost, mis
     for name in missed:
         if name.startswith("ttft"):
             front = client_ttft - queue - prefill  # HTTP, serving layer and the hand-off both ways
+            fitted = cost.front_end.latency * 1e3
+            why = ("it queues under load: the API server shares core 0 with the engine core, so its per-request "
+                   "and per-token work waits for steps, and the simulator has no such queue" if front > 1.2 * fitted
+                   else f"that part is as fitted, so the miss is the engine core's queue ({queue:.2f} ms) "
+                   f"and prefill ({prefill:.2f} ms)")  # fmt: skip
             print(f"  {name}: the front end (HTTP, serving layer, hand-off to the engine core and back) took "
-                  f"{front:.2f} ms per request in the run against {cost.latency * 1e3:.2f} ms fitted one request at "
-                  "a time; " + ("it queues under load: the API server shares core 0 with the engine core, so its "
-                                "per-request and per-token work waits for steps, and the simulator has no such queue"
-                                if front > 1.2 * cost.latency * 1e3 else
-                                f"that part is as fitted, so the miss is the engine core's queue ({queue:.2f} ms) "
-                                f"and prefill ({prefill:.2f} ms)"))  # fmt: skip
+                  f"{front:.2f} ms per request in the run against {fitted:.2f} ms fitted one request at a time; {why}")
         elif name.startswith("itl") and "inter_token_latency_seconds" in ms:
             inside = ms["inter_token_latency_seconds"]
             engine = inside / (model.itl["mean"] * 1e3) - 1  # vLLM's steps against the simulated ones

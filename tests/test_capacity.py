@@ -214,7 +214,7 @@ def test_calibration_samples_against_the_reference_server_fit_a_cost():
     assert samples[2].front_end is None  # decode waves carry none
     assert 0 < capacity.before_engine_share(samples) < 1
     fitted = LinearCost.fit(samples, before_engine_share=capacity.before_engine_share(samples))
-    assert fitted.before_engine > 0
+    assert fitted.front_end.before_engine > 0
 
 
 def test_the_front_end_split_waits_for_the_server_to_count_the_last_request(monkeypatch):

@@ -344,8 +344,8 @@ def test_linear_fit_recovers_known_coefficients_and_stays_non_negative():
     loads = [(int(rng.integers(0, 2048)), int(rng.integers(0, 64))) for _ in range(40)]
     samples = [StepSample(p, d, d * 1000, truth.step_seconds(p, d, d * 1000)) for p, d in loads[:20]]
     samples += [StepSample(0, d, d * 4000, truth.step_seconds(0, d, d * 4000)) for _, d in loads[20:]]
-    fit = LinearCost.fit(samples)
-    assert fit.coefficients == pytest.approx(truth.coefficients, rel=1e-6)  # exact data: exact fit
+    fitted = LinearCost.fit(samples).step
+    assert fitted.coefficients == pytest.approx(truth.coefficients, rel=1e-6)  # exact data: exact fit
     noisy = [
         StepSample(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read, s.seconds * rng.normal(1, 0.02))
         for s in samples
@@ -354,7 +354,7 @@ def test_linear_fit_recovers_known_coefficients_and_stays_non_negative():
     assert np.max(np.abs(errors)) < 0.05  # 2 % noise: predictions within 5 %
     # decode-only data that gets faster with batch would want c < 0: the fit clamps it at 0
     clamped = LinearCost.fit([StepSample(0, b, 0, 1.0 - 0.001 * b) for b in (1, 2, 4, 8)])
-    assert min(clamped.coefficients) >= 0
+    assert min(clamped.step.coefficients) >= 0
     with pytest.raises(ValueError, match="at least 2"):
         LinearCost.fit(samples[:1])
 

@@ -1,5 +1,6 @@
-"""course.sim.cost's serving terms (issues 28 and 29): the per-prompt front-end cost, the front-end
-latency off the steps, the seeded step-time spread, and the calibration samples they are fitted from."""
+"""course.sim.cost's serving terms (issues 28 and 29) and course.sim.calibration: the per-prompt front-end cost,
+the front end's own timing (course.sim.frontend), the seeded step-time spread, and the calibration samples they are
+fitted from."""
 
 import sys
 from pathlib import Path
@@ -9,8 +10,9 @@ import pytest
 
 from course.capacity import decode_sample, prefill_sample, server_sim_config
 from course.metrics import summarize
-from course.sim import LinearCost, SimConfig, StepSample, simulate
-from course.sim.cost import SPREAD_PROBABILITIES, fit_spread, prefill_pairs, prompts_started, spread_draw
+from course.sim import FrontEnd, LinearCost, ServerCost, SimConfig, StepSample, simulate
+from course.sim.calibration import SPREAD_PROBABILITIES, fit, fit_spread
+from course.sim.cost import prefill_pairs, prompts_started, spread_draw
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload, fixed, poisson
 
@@ -22,12 +24,14 @@ import sim_fidelity  # noqa: E402  (benchmarks/ is not a package)
 TRUTH = LinearCost(a=2e-3, b=4e-5, c=3e-4, d=2e-8, e=6e-3)
 PROMPTS = (16, 64, 128, 256, 512)
 WAVES = [(batch, context) for context in (32, 256) for batch in (1, 4, 16)]
+STEP_10MS = LinearCost(a=0.010, b=0, c=0, d=0)  # the steps of the front-end tests below
 
 
-def calibration(truth: LinearCost, noise: float = 0.0, seed: int = 0) -> list[StepSample]:
-    """What the microbenchmarks would measure on a server whose steps cost ``truth``."""
+def calibration(truth: LinearCost, noise: float = 0.0, seed: int = 0, latency: float = 0.0) -> list[StepSample]:
+    """What the microbenchmarks would measure on a server whose steps cost ``truth`` (and whose front end, in
+    another process, takes ``latency`` s per request)."""
     rng = np.random.default_rng(seed)
-    samples = [StepSample(n, 0, 0, truth.expected_seconds(n, 0, 0) + truth.latency) for n in PROMPTS]
+    samples = [StepSample(n, 0, 0, truth.expected_seconds(n, 0, 0) + latency) for n in PROMPTS]
     samples += [StepSample(0, b, b * (c + 48), truth.expected_seconds(0, b, b * (c + 48))) for b, c in WAVES]
     return [
         StepSample(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read, s.seconds * rng.normal(1, noise))
@@ -66,16 +70,18 @@ def test_the_four_term_interface_is_unchanged():
 
 def test_fit_recovers_the_front_end_and_the_plain_line_cannot():
     samples = calibration(TRUTH)
-    fit = LinearCost.fit(samples)
-    assert (fit.a, fit.b, fit.c, fit.d, fit.e) == pytest.approx((TRUTH.a, TRUTH.b, TRUTH.c, TRUTH.d, TRUTH.e), rel=1e-6)
-    assert fit.latency == 0
-    line = LinearCost.fit(samples, front_end="none", shape=False)
+    fitted = fit(samples)
+    line = fitted.step
+    truth = (TRUTH.a, TRUTH.b, TRUTH.c, TRUTH.d, TRUTH.e)
+    assert (line.a, line.b, line.c, line.d, line.e) == pytest.approx(truth, rel=1e-6)
+    assert fitted.front_end == FrontEnd()
+    line = fit(samples, front_end="none", shape=False).step
     assert line.e == 0
     # The line spreads the front end over every step's intercept: decodes too slow, prefills too fast.
     decode_error = line.expected_seconds(0, 1, 80) / TRUTH.expected_seconds(0, 1, 80) - 1
     prefill_error = line.expected_seconds(16, 0, 0) / TRUTH.expected_seconds(16, 0, 0) - 1
     assert decode_error > 0.05 and prefill_error < -0.3, (decode_error, prefill_error)
-    noisy = LinearCost.fit(calibration(TRUTH, noise=0.03, seed=1))
+    noisy = fit(calibration(TRUTH, noise=0.03, seed=1)).step
     assert noisy.e == pytest.approx(TRUTH.e, rel=0.3)
 
 
@@ -106,24 +112,24 @@ def test_the_prefills_attention_term_charges_each_prompts_pairs():
 
 def test_fit_recovers_the_prefills_attention_term_where_one_slope_misses_the_middle():
     samples = calibration(CURVED)
-    fit = LinearCost.fit(samples)
-    assert (fit.a, fit.b, fit.c, fit.d, fit.e, fit.f) == pytest.approx(
+    line = fit(samples).step
+    assert (line.a, line.b, line.c, line.d, line.e, line.f) == pytest.approx(
         (CURVED.a, CURVED.b, CURVED.c, CURVED.d, CURVED.e, CURVED.f), rel=1e-6
     )
     # One slope through 16 to 512 tokens (the fit before the term, or shape=False) misses a 128-token
     # prompt long: the long prompts' pairs steepen the slope, the short ones' intercept lifts the line.
-    line = LinearCost.fit(samples, shape=False)
+    line = fit(samples, shape=False).step
     assert line.f == 0
     miss = line.expected_seconds(128, 0, 0) / CURVED.expected_seconds(128, 0, 0) - 1
     assert miss > 0.04, miss
     # With the term, a noisy calibration still lands near 128 tokens
-    noisy = LinearCost.fit(calibration(CURVED, noise=0.03, seed=1))
+    noisy = fit(calibration(CURVED, noise=0.03, seed=1)).step
     assert noisy.expected_seconds(128, 0, 0) == pytest.approx(CURVED.expected_seconds(128, 0, 0), rel=0.05)
     # Three prompt lengths: the prefill's three terms go through any three points, noise and all; no f
     three = [s for s in samples if s.prefill_tokens in (0, 16, 128, 512)]
-    assert LinearCost.fit(three).f == 0
+    assert fit(three).step.f == 0
     # A straight calibration (the server without the term) fits none
-    assert LinearCost.fit(calibration(TRUTH)).f == 0
+    assert fit(calibration(TRUTH)).step.f == 0
 
 
 # The course's server on this CPU: a lone decode row goes through a matrix-vector product, two or more rows
@@ -144,54 +150,55 @@ def test_a_step_of_two_or_more_token_rows_pays_the_matrix_kernels_cost():
 
 def test_fit_recovers_the_matrix_kernels_step_where_the_line_misses_both_sides_of_it():
     samples = calibration(MATRIX)
-    fit = LinearCost.fit(samples)
-    assert (fit.a, fit.c, fit.d, fit.e, fit.g) == pytest.approx((MATRIX.a, MATRIX.c, MATRIX.d, MATRIX.e, MATRIX.g))
+    line = fit(samples).step
+    assert (line.a, line.c, line.d, line.e, line.g) == pytest.approx((MATRIX.a, MATRIX.c, MATRIX.d, MATRIX.e, MATRIX.g))
     # One line through batches 1, 4 and 16 puts batch 1 long and batch 2 short: the run's gaps at low load
     # are mostly steps of one to three rows, on both sides of the line.
-    line = LinearCost.fit(samples, shape=False)
+    line = fit(samples, shape=False).step
     one = line.expected_seconds(0, 1, 160) / MATRIX.expected_seconds(0, 1, 160) - 1
     two = line.expected_seconds(0, 2, 320) / MATRIX.expected_seconds(0, 2, 320) - 1
     assert one > 0.05 and two < -0.15, (one, two)
     # Without decode steps of one row the data cannot tell g from the intercept: none is fitted
     batched = [s for s in samples if s.decode_tokens != 1]
-    assert LinearCost.fit(batched).g == 0
+    assert fit(batched).step.g == 0
 
 
 def test_fit_puts_a_front_end_in_another_process_off_the_steps():
-    vllm_like = LinearCost(a=3e-3, b=3e-5, c=2e-4, d=1e-8, latency=0.03)
-    samples = calibration(vllm_like)
-    fit = LinearCost.fit(samples, front_end="latency")
-    assert fit.latency == pytest.approx(0.03, rel=1e-6) and fit.e == 0
-    assert fit.a == pytest.approx(3e-3, rel=1e-6)
-    assert fit.predict(samples) == pytest.approx([s.seconds for s in samples], rel=1e-6)
+    vllm_like = LinearCost(a=3e-3, b=3e-5, c=2e-4, d=1e-8)
+    samples = calibration(vllm_like, latency=0.03)
+    fitted = fit(samples, front_end="latency")
+    assert fitted.front_end.latency == pytest.approx(0.03, rel=1e-6) and fitted.step.e == 0
+    assert fitted.step.a == pytest.approx(3e-3, rel=1e-6)
+    assert fitted.predict(samples) == pytest.approx([s.seconds for s in samples], rel=1e-6)
     # the latency delays every chunk alike: TTFT and E2E move, the gaps do not
-    run = simulate(poisson(5, 40, fixed(128), fixed(16), seed=3), SimConfig(max_num_seqs=16, num_blocks=10**5), fit)
-    seen, raw = summarize(fit.delivered(run.traces)), summarize(run.traces)
+    run = simulate(poisson(5, 40, fixed(128), fixed(16), seed=3), SimConfig(max_num_seqs=16, num_blocks=10**5), fitted)
+    seen, raw = summarize(fitted.delivered(run.traces)), summarize(run.traces)
     assert seen.ttft["mean"] == pytest.approx(raw.ttft["mean"] + 0.03)
     assert seen.itl["p50"] == pytest.approx(raw.itl["p50"]) and seen.itl["p95"] == pytest.approx(raw.itl["p95"])
-    assert LinearCost(1e-3, 0, 0, 0).delivered(run.traces) == run.traces
+    assert FrontEnd().delivered(run.traces) == run.traces
 
 
 def test_fit_splits_the_front_end_into_the_work_before_the_engine_and_the_steps_share():
     samples = calibration(TRUTH)
-    whole = LinearCost.fit(samples)
-    split = LinearCost.fit(samples, before_engine_share=0.6)
-    assert split.before_engine == pytest.approx(0.6 * TRUTH.e) and split.e == pytest.approx(0.4 * TRUTH.e)
+    whole = fit(samples)
+    split = fit(samples, before_engine_share=0.6)
+    assert split.front_end.before_engine == pytest.approx(0.6 * TRUTH.e)
+    assert split.step.e == pytest.approx(0.4 * TRUTH.e)
     # a lone request's TTFT is the same either way: the microbenchmarks cannot tell the two apart
     assert split.predict(samples) == pytest.approx(whole.predict(samples))
     assert "ms of front-end work before the engine sees a request" in split.describe()
     with pytest.raises(ValueError, match="fraction from 0 to 1"):
-        LinearCost.fit(samples, before_engine_share=1.5)
+        fit(samples, before_engine_share=1.5)
     with pytest.raises(ValueError, match="no.* to split|none to split"):
-        LinearCost.fit(samples, front_end="latency", before_engine_share=0.5)
+        fit(samples, front_end="latency", before_engine_share=0.5)
     with pytest.raises(ValueError, match="before_engine must be >= 0"):
-        LinearCost(1e-3, 0, 0, 0, before_engine=-1e-3)
+        FrontEnd(before_engine=-1e-3)
 
 
 def test_a_request_reaches_the_scheduler_after_the_front_ends_work_which_shares_the_core_with_a_step():
     # Steps of 10 ms; 4 ms of front-end work per request. The first request arrives at an idle engine and
     # is prefilled at 4 ms (a lone request's TTFT: 4 + 10 ms).
-    cost = LinearCost(a=0.010, b=0, c=0, d=0, before_engine=0.004)
+    cost = ServerCost(STEP_10MS, FrontEnd(before_engine=0.004))
     config = SimConfig(max_num_seqs=4, num_blocks=100)
     lone = simulate(Workload([RequestSpec("idle", 0.0, 8, 2)]), config, cost).traces[0]
     assert lone.chunk_times == pytest.approx([0.014, 0.024])
@@ -208,14 +215,14 @@ def test_a_request_reaches_the_scheduler_after_the_front_ends_work_which_shares_
     assert first.chunk_times == pytest.approx([0.015, 0.028, 0.038, 0.048])
     assert second.chunk_times[0] == pytest.approx(0.038)
     # without the front end's work the request arriving at 7 ms joins the second step at once
-    plain = simulate(work, config, LinearCost(a=0.010, b=0, c=0, d=0)).traces
+    plain = simulate(work, config, STEP_10MS).traces
     assert plain[0].chunk_times[0] == pytest.approx(0.010) and plain[1].chunk_times[0] == pytest.approx(0.020)
 
 
 def test_a_request_that_finds_the_server_idle_waits_for_it_to_wake():
     # Steps of 10 ms, 4 ms of front-end work, 2 ms to wake an idle server. The first request finds it idle:
     # 2 + 4 ms before its prefill. The second arrives during that step: no wake-up, the shared-core rule only.
-    cost = LinearCost(a=0.010, b=0, c=0, d=0, before_engine=0.004, idle_wake=0.002)
+    cost = ServerCost(STEP_10MS, FrontEnd(before_engine=0.004, idle_wake=0.002))
     config = SimConfig(max_num_seqs=4, num_blocks=100)
     work = Workload([RequestSpec("idle", 0.0, 8, 4), RequestSpec("busy", 0.009, 8, 4)])
     first, second = simulate(work, config, cost).traces
@@ -225,7 +232,7 @@ def test_a_request_that_finds_the_server_idle_waits_for_it_to_wake():
     later = Workload([*work, RequestSpec("again", 1.0, 8, 2)])
     assert simulate(later, config, cost).traces[2].chunk_times[0] == pytest.approx(1.016)
     # a wake-up alone (no front-end work) passes requests through the front door too, in both engines
-    wake_only = LinearCost(a=0.010, b=0, c=0, d=0, idle_wake=0.002)
+    wake_only = ServerCost(STEP_10MS, FrontEnd(idle_wake=0.002))
     from helpers import reference
 
     for config in (SimConfig(max_num_seqs=4, num_blocks=100), server_sim_config(4, 512)):
@@ -234,7 +241,7 @@ def test_a_request_that_finds_the_server_idle_waits_for_it_to_wake():
         assert [t.chunk_times for t in fast] == [t.chunk_times for t in reference(later, config, wake_only)[0]]
     assert "2 ms to wake an idle server" in cost.describe()
     with pytest.raises(ValueError, match="idle_wake must be >= 0"):
-        LinearCost(1e-3, 0, 0, 0, idle_wake=-1e-3)
+        FrontEnd(idle_wake=-1e-3)
 
 
 def test_the_front_ends_work_beside_a_step_takes_the_measured_slowdown_in_both_engines():
@@ -245,8 +252,8 @@ def test_the_front_ends_work_beside_a_step_takes_the_measured_slowdown_in_both_e
     from helpers import reference
 
     work = Workload([RequestSpec("idle", 0.0, 8, 4), RequestSpec("busy", 0.007, 8, 4)])
-    even = LinearCost(a=0.010, b=0, c=0, d=0, before_engine=0.004)
-    slow = LinearCost(a=0.010, b=0, c=0, d=0, before_engine=0.004, front_end_slowdown=3.0)
+    even = ServerCost(STEP_10MS, FrontEnd(before_engine=0.004))
+    slow = ServerCost(STEP_10MS, FrontEnd(before_engine=0.004, slowdown=3.0))
     continuous = SimConfig(max_num_seqs=4, num_blocks=100)
     first, second = simulate(work, continuous, slow).traces
     assert first.chunk_times == pytest.approx([0.018, 0.028, 0.038, 0.048])
@@ -259,8 +266,8 @@ def test_the_front_ends_work_beside_a_step_takes_the_measured_slowdown_in_both_e
                 t.chunk_times for t in reference(work, config, cost)[0]
             ]
     assert "that work 3x as long beside a step" in slow.describe() and "beside a step" not in even.describe()
-    with pytest.raises(ValueError, match="front_end_slowdown must be >= 1"):
-        LinearCost(1e-3, 0, 0, 0, before_engine=1e-3, front_end_slowdown=0.5)
+    with pytest.raises(ValueError, match="slowdown must be >= 1"):
+        FrontEnd(before_engine=1e-3, slowdown=0.5)
 
 
 def test_the_fidelity_benchmark_measures_the_wake_up_from_the_first_request_after_a_pause(tmp_path):
@@ -280,17 +287,27 @@ def test_the_fidelity_benchmark_measures_the_wake_up_from_the_first_request_afte
     assert sim_fidelity.wake_facts([tmp_path / "missing"]) == {}  # a folder without prefill traces
 
 
+def test_linear_cost_fit_is_the_calibrations_fit_and_names_the_front_end_between_the_line_and_the_spread():
+    # notebooks and module 5 call LinearCost.fit: the same fit, a step cost with its front end beside it
+    samples = calibration(TRUTH) + spread_samples(np.random.default_rng(0))
+    fitted = fit(samples, before_engine_share=0.5)
+    assert LinearCost.fit(samples, before_engine_share=0.5) == fitted
+    text = fitted.describe()
+    assert text.startswith(fitted.step.describe_line()) and text.endswith(fitted.step.describe_spread())
+    assert text.index("ms/prompt started") < text.index("before the engine sees") < text.index("spread p5")
+
+
 def test_fit_without_decode_samples_leaves_the_front_end_out():
     prefills = [StepSample(n, 0, 0, 0.008 + 4e-5 * n) for n in PROMPTS]
-    fit = LinearCost.fit(prefills)
-    assert fit.e == 0 and fit.a == pytest.approx(0.008) and fit.b == pytest.approx(4e-5)
+    line = fit(prefills).step
+    assert line.e == 0 and line.a == pytest.approx(0.008) and line.b == pytest.approx(4e-5)
 
 
 def test_bad_terms_and_options_are_refused():
     with pytest.raises(ValueError, match="e must be >= 0"):
         LinearCost(1e-3, 0, 0, 0, e=-1e-3)
     with pytest.raises(ValueError, match="latency must be >= 0"):
-        LinearCost(1e-3, 0, 0, 0, latency=float("nan"))
+        FrontEnd(latency=float("nan"))
     with pytest.raises(ValueError, match="increasing order"):
         LinearCost(1e-3, 0, 0, 0, spread=(1e-3, -1e-3))
     with pytest.raises(ValueError, match="at least 2"):
@@ -298,7 +315,7 @@ def test_bad_terms_and_options_are_refused():
     with pytest.raises(ValueError, match="prefill_spread needs .* >= -1"):
         LinearCost(1e-3, 0, 0, 0, prefill_spread=(-2.0, 0.0))  # a step cannot be more than 100 % shorter
     with pytest.raises(ValueError, match="front_end must be one of"):
-        LinearCost.fit(calibration(TRUTH), front_end="api")
+        fit(calibration(TRUTH), front_end="api")
 
 
 def spread_samples(rng, scales=(1e-3, 1e-3)) -> list[StepSample]:
@@ -327,10 +344,10 @@ def test_fit_spread_keeps_the_measured_deviations_quantiles_relative_with_mean_z
     assert fit_spread([StepSample(0, 1, 10, 0.004)]) == ()  # nothing measured, no spread
     # decode and prefill steps scatter apart: each spread comes from its own samples
     prefill = StepSample(128, 0, 0, 0.02, deviations=(-2e-3, 0.0, 2e-3))
-    fit = LinearCost.fit([*samples, prefill, StepSample(512, 0, 0, 0.05)])
-    assert fit.spread == pytest.approx(spread) and fit.prefill_spread == pytest.approx(fit_spread([prefill]))
-    assert fit.prefill_spread[-1] == pytest.approx(0.1) and fit.spread[-1] > 1.0
-    assert LinearCost.fit([*samples, prefill], spread=False).spread == ()
+    line = fit([*samples, prefill, StepSample(512, 0, 0, 0.05)]).step
+    assert line.spread == pytest.approx(spread) and line.prefill_spread == pytest.approx(fit_spread([prefill]))
+    assert line.prefill_spread[-1] == pytest.approx(0.1) and line.spread[-1] > 1.0
+    assert fit([*samples, prefill], spread=False).step.spread == ()
 
 
 def test_the_spread_is_drawn_per_step_without_state_and_reproduces_its_quantiles():
@@ -481,13 +498,13 @@ def test_the_vllm_breakdown_names_the_part_the_simulator_misses(capsys):
     assert breakdown["time_to_first_token_seconds"] == pytest.approx(0.050)  # the run's requests only
     real = summarize([trace("a", 0.0, [0.060, 0.072, 0.084]), trace("b", 1.0, [1.060, 1.072, 1.084])])
     model = summarize([trace("a", 0.0, [0.030, 0.040, 0.050]), trace("b", 1.0, [1.030, 1.040, 1.050])])
-    fitted = LinearCost(5e-3, 1e-4, 2e-4, 0, latency=0.010)
+    fitted = ServerCost(LinearCost(5e-3, 1e-4, 2e-4, 0), FrontEnd(latency=0.010))
     sim_fidelity.explain_vllm(breakdown, real, model, fitted, ["ttft p50", "itl p50"])
     out = capsys.readouterr().out
     assert "queue 10.00 + prefill 15.00 + the rest 25.00 ms" in out and "before vLLM's clock 10.00 ms" in out
     assert "took 35.00 ms per request in the run against 10.00 ms fitted" in out and "it queues under load" in out
     assert "vLLM's own ITL is +20% off the simulated steps" in out and "vllm/platforms/cpu.py" in out
-    same = LinearCost(5e-3, 1e-4, 2e-4, 0, latency=0.030)
+    same = ServerCost(LinearCost(5e-3, 1e-4, 2e-4, 0), FrontEnd(latency=0.030))
     sim_fidelity.explain_vllm(breakdown, real, real, same, ["ttft p95", "itl p95"])
     out = capsys.readouterr().out
     assert "that part is as fitted" in out and "the means agree" in out and "shape of the step-time spread" in out

@@ -161,13 +161,13 @@ def test_with_the_counted_passes_the_steps_and_the_front_end_are_fitted_apart(tm
     rounds, _, facts = sim_fidelity.replayed(tmp_path, 3)
     samples = sim_fidelity.merge_rounds(rounds)
     cost = sim_fidelity.fitted_cost(args, "step", samples, facts)
-    assert cost.e + cost.before_engine == pytest.approx(0.005)
-    assert cost.before_engine == pytest.approx(0.003)  # 3 of the 5 ms before the engine (its own TTFT: pass + 2 ms)
-    assert cost.prefill_spread == () or len(cost.prefill_spread) > 1
+    assert cost.step.e + cost.front_end.before_engine == pytest.approx(0.005)
+    assert cost.front_end.before_engine == pytest.approx(0.003)  # 3 of the 5 ms before the engine (TTFT: pass + 2 ms)
+    assert cost.step.prefill_spread == () or len(cost.step.prefill_spread) > 1
     # one fit of the TTFTs alone cannot tell the two apart: it takes the front end as the prefills' excess over
     # the decodes' intercept
     joint = sim_fidelity.fitted_cost(args, "step", samples, {})
-    assert joint.e + joint.before_engine != pytest.approx(0.005, rel=0.05)
+    assert joint.step.e + joint.front_end.before_engine != pytest.approx(0.005, rel=0.05)
     assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
     assert "the front end, 5.00 ms per request, is the prefill microbenchmarks' median TTFTs" in capsys.readouterr().out
     # a size without a counted pass: the joint fit
@@ -261,7 +261,7 @@ def test_a_folder_kept_before_prefills_were_counted_replays_its_decode_steps(tmp
 def beside_traces(cost, config) -> tuple[list, list]:
     """The prefills-beside-a-stream microbenchmark and eight lone 128-token prefills sent back to back, as a
     server whose steps and front end are ``cost`` would answer them (the simulator stands in for it). The lone
-    ones as the real server answers them: only the first, sent after a pause, waits ``cost.idle_wake`` for the
+    ones as the real server answers them: only the first, sent after a pause, waits its ``idle_wake`` for the
     machine to wake up."""
     import dataclasses
 
@@ -269,10 +269,10 @@ def beside_traces(cost, config) -> tuple[list, list]:
     from course.workload import RequestSpec, Workload
 
     beside = simulate(Workload([RequestSpec(*row) for row in sim_fidelity.beside_rows()]), config, cost).traces
-    awake = dataclasses.replace(cost, idle_wake=0.0)
+    awake = cost.replace(idle_wake=0.0)
     lone = simulate(Workload([RequestSpec(f"l{i}", 0.05 * i, 128, 2) for i in range(8)]), config, awake).traces
     first = lone[0]
-    lone[0] = dataclasses.replace(first, chunk_times=[x + cost.idle_wake for x in first.chunk_times])
+    lone[0] = dataclasses.replace(first, chunk_times=[x + cost.front_end.idle_wake for x in first.chunk_times])
     return beside, lone
 
 
@@ -281,13 +281,13 @@ def test_the_front_ends_slowdown_beside_a_step_is_fitted_to_prefills_sent_while_
     # A made-up server whose front end takes `slowdown` times longer beside a step: the fit, starting from the even
     # share, finds it again from the prefills' TTFTs over the lone ones.
     from course.capacity import server_sim_config
-    from course.sim import LinearCost
+    from course.sim import FrontEnd, LinearCost, ServerCost
 
     config = server_sim_config(16, 512)
-    line = dict(a=0.002, b=1e-5, c=1e-4, d=0, e=0.0005, before_engine=0.003, idle_wake=0.0015)
-    true = LinearCost(**line, front_end_slowdown=slowdown)
+    line = LinearCost(a=0.002, b=1e-5, c=1e-4, d=0, e=0.0005)
+    even = ServerCost(line, FrontEnd(before_engine=0.003, idle_wake=0.0015))
+    true = even.replace(slowdown=slowdown)
     pairs = [beside_traces(true, config)] * 2
-    even = LinearCost(**line)
     fits = sim_fidelity.front_end_slowdowns(pairs, even, config)
     # within half a unit: a request joins at a step's boundary, so neighbouring slowdowns can give the same TTFTs
     assert len(fits) == 2 and all(abs(fit - slowdown) <= 0.5 for fit in fits)
@@ -298,12 +298,12 @@ def test_the_front_ends_slowdown_beside_a_step_is_fitted_to_prefills_sent_while_
         sim_fidelity.beside_extra(beside, lone, true, config), abs=1e-6
     )
     # without front-end work before the engine there is nothing to slow down
-    assert sim_fidelity.front_end_slowdowns(pairs, LinearCost(a=0.002, b=1e-5, c=1e-4, d=0), config) == []
+    assert sim_fidelity.front_end_slowdowns(pairs, ServerCost(line), config) == []
 
 
 def test_a_replay_takes_the_rounds_slowdown_from_the_microbenchmark_its_folder_kept(tmp_path, capsys):
     from course.capacity import server_sim_config
-    from course.sim import LinearCost
+    from course.sim import ServerCost
 
     keep_a_run(tmp_path, passes=True, server_ttft=0.002)
     folders = sim_fidelity.round_folders(tmp_path, 3)
@@ -311,18 +311,20 @@ def test_a_replay_takes_the_rounds_slowdown_from_the_microbenchmark_its_folder_k
     args = sim_fidelity.parse_args(["--replay", str(tmp_path)])
     rounds, _, facts = sim_fidelity.replayed(tmp_path, 3)
     before = sim_fidelity.fitted_cost(args, "step", sim_fidelity.merge_rounds(rounds), facts)
-    assert before.front_end_slowdown == 2.0
+    assert before.front_end.slowdown == 2.0
     config = server_sim_config(args.max_batch_size, args.max_prefill_tokens)
     for folder, slowdown in zip(folders, (3.0, 4.0, 6.0)):  # each round's own server: the fit takes the median
-        true = dataclasses.replace(before, front_end_slowdown=slowdown, spread=(), prefill_spread=())
+        true = ServerCost(dataclasses.replace(before.step, spread=(), prefill_spread=()), before.front_end).replace(
+            slowdown=slowdown
+        )
         beside, _ = beside_traces(true, config)
         save_traces(folder / sim_fidelity.BESIDE_FILE, beside)
     rounds, _, facts = sim_fidelity.replayed(tmp_path, 3)
     assert len(facts["beside_stream"]) == 3
     fitted = sim_fidelity.fitted_cost(args, "step", sim_fidelity.merge_rounds(rounds), facts)
-    assert fitted.front_end_slowdown > 2.0
-    assert dataclasses.replace(fitted, front_end_slowdown=2.0) == before  # nothing else moved
+    assert fitted.front_end.slowdown > 2.0
+    assert fitted.replace(slowdown=2.0) == before  # nothing else moved
     assert sim_fidelity.main(["--replay", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert f"beside a step that work takes {fitted.front_end_slowdown:.3g}x as long: the median of the rounds'" in out
-    assert isinstance(fitted, LinearCost)
+    assert f"beside a step that work takes {fitted.front_end.slowdown:.3g}x as long: the median of the rounds'" in out
+    assert isinstance(fitted, ServerCost)

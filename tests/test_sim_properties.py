@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from course import metrics
-from course.sim import BlockManager, LinearCost, SimConfig, prompt_block_hashes, rules, simulate
+from course.sim import BlockManager, FrontEnd, LinearCost, ServerCost, SimConfig, prompt_block_hashes, rules, simulate
 from course.units import cdiv
 from course.workload import RequestSpec, Workload
 
@@ -254,9 +254,9 @@ def test_metrics_from_the_columns_equal_the_metrics_of_the_traces(work, config, 
 
 
 # Module 2's server: 3 ms of every request's front-end work on the step that prefills it, 20 ms before
-# the engine sees it, sharing the core with the steps it overlaps (rules.FrontDoor): long enough to
+# the engine sees it, sharing the core with the steps it overlaps (frontend.FrontDoor): long enough to
 # reorder who is admitted when and to stretch steps.
-FRONT_END_COST = LinearCost(a=0.01, b=0.001, c=0.002, d=1e-5, e=0.003, before_engine=0.02)
+FRONT_END_COST = ServerCost(LinearCost(a=0.01, b=0.001, c=0.002, d=1e-5, e=0.003), FrontEnd(before_engine=0.02))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,13 +13,16 @@ Quick start::
 Pieces: :class:`BlockManager` (paged KV blocks, prefix caching), the policies in
 :mod:`course.sim.steps` (vLLM V1 continuous batching, V0 prefill-first, static batching) and the
 readable loop in :mod:`course.sim.harness`; :func:`simulate`, the fast engine; the cost models
-:class:`RooflineCost` and :class:`LinearCost`; :class:`SimResult` with traces, goodput and KV usage;
+:class:`RooflineCost` and :class:`LinearCost`, the front end's timing :class:`FrontEnd` and both together,
+:class:`ServerCost`, as :mod:`course.sim.calibration` fits them; :class:`SimResult` with traces, goodput and KV usage;
 plots in :mod:`course.sim.plots`; ``course simulate`` on the command line.
 """
 
 from course.sim.blocks import BlockManager, prompt_block_hashes
+from course.sim.calibration import samples_from_timings
 from course.sim.config import SCHEDULERS, SimConfig, kv_blocks
-from course.sim.cost import ROOFLINE_EFFICIENCY, LinearCost, RooflineCost, StepSample, samples_from_timings
+from course.sim.cost import ROOFLINE_EFFICIENCY, LinearCost, RooflineCost, ServerCost, StepSample
+from course.sim.frontend import FrontEnd
 from course.sim.harness import SimRequest
 from course.sim.results import RequestRecord, SimResult, StepLog
 from course.sim.simulator import simulate
@@ -30,9 +33,11 @@ __all__ = [
     "ROOFLINE_EFFICIENCY",
     "SCHEDULERS",
     "BlockManager",
+    "FrontEnd",
     "LinearCost",
     "RequestRecord",
     "RooflineCost",
+    "ServerCost",
     "SimConfig",
     "SimRequest",
     "SimResult",

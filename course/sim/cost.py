@@ -17,38 +17,39 @@ Two models turn them into seconds:
   read) / (bandwidth x efficiency). Prefill-heavy steps land on the first, decode steps on the
   second. Efficiencies default to what measured GEMMs reach (see :data:`ROOFLINE_EFFICIENCY`).
 * :class:`LinearCost`, ``a + b*prefill_tokens + c*decode_tokens + d*kv_tokens_read``, fitted by
-  least squares to step times measured on a real runtime (:meth:`LinearCost.fit`). This is the
+  least squares to step times measured on a real runtime (:mod:`course.sim.calibration`). This is the
   latency model of simulators such as BLIS/inference-sim (``L = b0 + b1*X + b2*Y``) with a KV term,
   and an ``f`` per attention pair among a step's prefill tokens (:func:`prefill_pairs`), because a
   prompt's attention grows with its square while the rest of its pass grows with its length: the
   ``n_ctx`` term of the forward FLOPs per token in Kaplan et al., "Scaling Laws for Neural Language
-  Models" (2020, table 1), and the roofline's ``attention_pairs`` below; and a ``g`` per step of two
+  Models" (2020, table 1), and the roofline's ``attention_pairs`` below; a ``g`` per step of two
   or more token rows, because a single decode row multiplies every weight matrix by one vector
-  (a matrix-vector kernel) and more rows take a matrix-matrix kernel with a fixed cost of its own.
-  What a server spends outside the forward pass is part of it too, fitted from the same
-  measurements: ``e`` seconds for every request whose prompt a step starts (parsing the HTTP
-  request, tokenizing, the hand-off to the engine and the first token's way out, where they share
-  the engine's CPU), or a ``latency`` that every request spends off the engine's steps (an API
-  server in another process: vLLM's front end); and the step-time spread, the measured steps'
+  (a matrix-vector kernel) and more rows take a matrix-matrix kernel with a fixed cost of its own;
+  an ``e`` for every request whose prompt a step starts (the hand-off to the engine and the first
+  token's way out, where they share the engine's CPU); and the step-time spread, the measured steps'
   relative deviations from their mean (decode steps and prefill steps apart), which the simulator
   draws for each step from a seeded hash of the step's index (:func:`spread_draw`), so a simulation
   stays deterministic.
+
+The rest of what a server spends outside the forward pass is its front end's, not a step's
+(:class:`course.sim.frontend.FrontEnd`): :class:`ServerCost` holds a step cost and a front end, as a
+calibration fits them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from course import roofline
 from course.geometry import ModelGeometry
 from course.hardware import HardwareSpec
-from course.sim.rules import SHARED_CORE_SLOWDOWN
+from course.sim.frontend import NO_FRONT_END, FrontEnd
 
 # Fraction of the datasheet roofs that dense GEMMs reach, derived from Vidur's measured GEMM times
 # (github.com/microsoft/vidur, data/profiling/compute/*/mlp.csv):
@@ -220,22 +221,6 @@ class StepSample:
     attention_pairs: float = field(default=0.0, kw_only=True)
 
 
-FEATURES = (
-    "per step",
-    "per prefill token",
-    "per decode token",
-    "per KV token read",
-    "per prompt started",
-    "per prefill attention pair",
-    "per step of two or more token rows",
-)
-FRONT_END = ("step", "latency", "none")
-# Probabilities at which a fitted spread keeps its quantiles (every 2.5 %: p95 and p97.5 are points).
-SPREAD_PROBABILITIES = tuple(np.linspace(0.0, 1.0, 41))
-# Prompt lengths a fit needs before it fits the prefill's attention term f: one more than the prefill's
-# three terms (intercept, per token, per pair), so that the curve is checked by a point it does not pass
-# through by construction.
-CURVE_LENGTHS = 4
 # A step with a large negative draw still lasts this fraction of its expected time: measured gaps near 0
 # are chunks a client read in one burst, not steps that took no time.
 MIN_STEP_FRACTION = 0.05
@@ -307,6 +292,13 @@ def spread_draw(cost) -> Callable[[int, bool], float] | None:
     return getattr(cost, "spread_draw", None)
 
 
+def step_time(seconds: float, draw, step: int, prefills: bool) -> float:
+    """A simulated step's time (s): its cost's expected ``seconds``, times the cost's spread drawn for the
+    step's index ``step`` (0 for the run's first step; ``prefills``: the step computes prompt tokens),
+    where the cost has one (``draw``: :func:`spread_draw`; None: the expected time)."""
+    return seconds if draw is None else seconds * draw(step, prefills)
+
+
 @dataclass(frozen=True)
 class LinearCost:
     """``a + b*prefill_tokens + c*decode_tokens + d*kv_tokens_read + e*prompts + f*prefill_pairs``, plus
@@ -321,8 +313,9 @@ class LinearCost:
             chunk), since every decode token is streamed.
         d: seconds per cached KV token read by attention.
         e: seconds per prompt the step starts (:func:`prompts_started`): the front end's work per
-            request where it shares the engine's CPU (parsing, tokenizing, the hand-off to the
-            engine, the first token's way out), so running requests wait for it too.
+            request where it shares the engine's CPU (the hand-off to the engine, the first token's way
+            out), so running requests wait for it too. The work before the engine sees a request is
+            the front end's own (:class:`course.sim.frontend.FrontEnd`).
         f: seconds per attention pair among the step's prefill tokens (:func:`prefill_pairs`; a fresh
             prompt of ``n`` tokens has ``n(n+1)/2``): the attention's scores and weighted sums, which grow
             with the square of a prompt where everything in ``b`` grows with its length.
@@ -331,32 +324,14 @@ class LinearCost:
             matrix-matrix kernel with a fixed cost of its own (the course's server on a CPU sends one
             row to PyTorch's matrix-vector product and more to oneDNN's packed-weight kernel,
             ``course.serving.runner``; cuBLAS too picks a matrix-vector kernel for one row).
-        before_engine: seconds of the front end's work on each request before the engine can schedule
-            it (reading, parsing and tokenizing it), where the front end shares the engine's core: the
-            request reaches the queue that long after it arrives, twice that long when it arrives
-            during a step, which then lasts that much longer (the two share the core:
-            :class:`course.sim.rules.FrontDoor`; iteration-level schedulers). With
-            ``e``, what a lone request's TTFT costs beyond the forward pass; ``e`` is the part the
-            step that prefills it pays (the hand-off, the first token's way out).
-        latency: seconds every request spends off the engine's steps (a front end in another
-            process: tokenizing, the hand-off to the engine core, the output path). It delays every
-            token of a request alike, so it moves TTFT and E2E, not the gaps; the simulator does not
-            see it: :meth:`delivered` adds it to simulated traces.
-        idle_wake: seconds more that a request waits when it finds the whole server idle (no step running,
-            no request at the front door): the machine waking up (a virtual CPU the hypervisor had
-            descheduled, caches other programs took over). Measured as the first request of a
-            microbenchmark after a pause against the ones that follow it
-            (:class:`course.sim.rules.FrontDoor`).
-        front_end_slowdown: how many times longer ``before_engine`` takes for a request that arrives while
-            a step runs (2: the front end and the engine share the core evenly; more where the engine
-            keeps the core, or Python's GIL, for longer stretches). Measured as lone prefills that
-            arrive while one request decodes (``benchmarks/sim_fidelity.py``).
         spread: quantiles of a decode step's relative deviation from its expected time (0.5 = 50 %
-            longer), at the evenly spaced probabilities 0, ..., 1 (:data:`SPREAD_PROBABILITIES` when
-            fitted); () = none. Relative, because a step shares its core with other work for its
-            whole length: on a busy machine a longer step is stretched by more.
+            longer), at the evenly spaced probabilities 0, ..., 1 (41 when fitted,
+            :func:`course.sim.calibration.fit_spread`); () = none. Relative, because a step shares its
+            core with other work for its whole length: on a busy machine a longer step is stretched by more.
         prefill_spread: the same for steps that prefill (their scatter includes the front end's).
         seed: picks the deviations: each simulated step draws one from a hash of ``seed`` and its index.
+
+    Fitting it to measured steps is :func:`course.sim.calibration.fit` (:meth:`fit` is its old name).
     """
 
     a: float
@@ -366,29 +341,17 @@ class LinearCost:
     e: float = 0.0
     f: float = 0.0
     g: float = 0.0
-    before_engine: float = 0.0
-    latency: float = 0.0
-    idle_wake: float = 0.0
-    front_end_slowdown: float = SHARED_CORE_SLOWDOWN
     spread: tuple[float, ...] = ()
     prefill_spread: tuple[float, ...] = ()
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("e", "f", "g", "before_engine", "latency", "idle_wake"):
+        for name in ("e", "f", "g"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"LinearCost.{name} must be >= 0 seconds, got {value!r}")
-        if not self.front_end_slowdown >= 1:
-            raise ValueError(f"LinearCost.front_end_slowdown must be >= 1 (2: an even share of the core), "
-                             f"got {self.front_end_slowdown!r}")  # fmt: skip
         for name in ("spread", "prefill_spread"):
-            quantiles = tuple(float(v) for v in getattr(self, name))
-            if len(quantiles) == 1 or any(not np.isfinite(v) or v < -1 for v in quantiles):
-                raise ValueError(f"{name} needs at least 2 finite quantiles >= -1, got {getattr(self, name)!r}")
-            if any(later < earlier for earlier, later in zip(quantiles, quantiles[1:])):
-                raise ValueError(f"{name} must list quantiles in increasing order (probabilities 0 to 1)")
-            object.__setattr__(self, name, quantiles)
+            object.__setattr__(self, name, _quantiles(name, getattr(self, name)))
 
     def expected_seconds(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float = 0.0
@@ -435,38 +398,28 @@ class LinearCost:
         low = quantiles[index]
         return low + (position - index) * (quantiles[min(index + 1, len(quantiles) - 1)] - low)
 
-    def delivered(self, traces: Sequence) -> list:
-        """Simulated :class:`course.trace.RequestTrace` records as a client would see them: every chunk
-        ``latency`` seconds later (the front end's time off the engine's steps). Returns new records."""
-        import dataclasses
-
-        if not self.latency:
-            return list(traces)
-        return [dataclasses.replace(t, chunk_times=[x + self.latency for x in t.chunk_times]) for t in traces]
-
     @property
     def coefficients(self) -> tuple[float, float, float, float]:
         return (self.a, self.b, self.c, self.d)
 
     def describe(self) -> str:
+        return self.describe_line() + self.describe_spread()
+
+    def describe_line(self) -> str:
+        """The line's terms in words."""
         text = (
             f"linear: {self.a * 1e3:.3g} ms + {self.b * 1e6:.3g} us/prefill token + "
             f"{self.c * 1e6:.3g} us/decode token + {self.d * 1e9:.3g} ns/KV token read"
         )
-        if self.f:
-            text += f" + {self.f * 1e9:.3g} ns/prefill attention pair"
-        if self.g:
-            text += f" + {self.g * 1e3:.3g} ms/step of 2+ token rows"
-        if self.e:
-            text += f" + {self.e * 1e3:.3g} ms/prompt started"
-        if self.before_engine:
-            text += f"; {self.before_engine * 1e3:.3g} ms of front-end work before the engine sees a request"
-        if self.latency:
-            text += f"; {self.latency * 1e3:.3g} ms front-end latency per request"
-        if self.idle_wake:
-            text += f"; {self.idle_wake * 1e3:.3g} ms to wake an idle server"
-        if self.before_engine and self.front_end_slowdown != SHARED_CORE_SLOWDOWN:
-            text += f"; that work {self.front_end_slowdown:.3g}x as long beside a step"
+        for value, words in ((self.f * 1e9, "ns/prefill attention pair"), (self.g * 1e3, "ms/step of 2+ token rows"),
+                             (self.e * 1e3, "ms/prompt started")):  # fmt: skip
+            if value:
+                text += f" + {value:.3g} {words}"
+        return text
+
+    def describe_spread(self) -> str:
+        """The step-time spread in words (its p5 and p95, and the seed), each after a "; "; empty without one."""
+        text = ""
         for name, quantiles in (("decode", self.spread), ("prefill", self.prefill_spread)):
             if quantiles:
                 low, high = np.interp([0.05, 0.95], np.linspace(0, 1, len(quantiles)), quantiles)
@@ -475,156 +428,71 @@ class LinearCost:
             text += f" (seed {self.seed})"
         return text
 
+    @classmethod
+    def fit(cls, samples: Sequence[StepSample], relative: bool = True, front_end: str = "step", spread: bool = True,
+            seed: int = 0, before_engine_share: float = 0.0, shape: bool = True) -> ServerCost:  # fmt: skip
+        """The line and the front end fitted to measured steps: :func:`course.sim.calibration.fit` (the
+        same arguments), which returns a :class:`ServerCost` (this line, with the front end beside it)."""
+        from course.sim import calibration  # calibration builds on this module
+
+        return calibration.fit(samples, relative=relative, front_end=front_end, spread=spread, seed=seed,
+                               before_engine_share=before_engine_share, shape=shape)  # fmt: skip
+
+
+def _quantiles(name: str, values: Sequence[float]) -> tuple[float, ...]:
+    """A spread's quantiles as floats, checked: none, or at least 2 finite ones >= -1 in increasing order."""
+    quantiles = tuple(float(v) for v in values)
+    if len(quantiles) == 1 or any(not np.isfinite(v) or v < -1 for v in quantiles):
+        raise ValueError(f"{name} needs at least 2 finite quantiles >= -1, got {values!r}")
+    if any(later < earlier for earlier, later in zip(quantiles, quantiles[1:])):
+        raise ValueError(f"{name} must list quantiles in increasing order (probabilities 0 to 1)")
+    return quantiles
+
+
+@dataclass(frozen=True)
+class ServerCost:
+    """A server's timing as a calibration fits it: its engine's step cost and its front end's work.
+
+    The simulator runs the steps with ``step`` (any cost model: :class:`LinearCost`, :class:`RooflineCost`)
+    and passes each request through ``front_end`` (:class:`course.sim.frontend.FrontEnd`) before the
+    scheduler sees it; :meth:`delivered` adds the front end's latency off the steps to simulated traces.
+    """
+
+    step: Any
+    front_end: FrontEnd = NO_FRONT_END
+
+    def step_seconds(
+        self, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float = 0.0
+    ) -> float:
+        return self.step.step_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)
+
+    @property
+    def spread_draw(self) -> Callable[[int, bool], float] | None:
+        """The step cost's spread (:func:`spread_draw`)."""
+        return spread_draw(self.step)
+
+    def delivered(self, traces: Sequence) -> list:
+        """Simulated traces as a client sees them (:meth:`course.sim.frontend.FrontEnd.delivered`)."""
+        return self.front_end.delivered(traces)
+
+    def replace(self, **front_end) -> ServerCost:
+        """The same steps behind a front end with these fields changed (``idle_wake=0.0``, ...)."""
+        return ServerCost(self.step, dataclasses.replace(self.front_end, **front_end))
+
     def predict(self, samples: Sequence[StepSample]) -> np.ndarray:
-        """What each sample's microbenchmark should measure (s): the expected step, plus ``latency``
-        and ``before_engine`` for a prefill (a lone request's TTFT includes the front end's time)."""
+        """What each sample's microbenchmark should measure (s): the expected step, plus the front end's
+        time before the first token for a prefill (a lone request's TTFT includes it)."""
+        before = self.front_end.before_first_token
         return np.array(
             [
-                self.expected_seconds(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read, s.attention_pairs)
-                + (self.latency + self.before_engine if s.prefill_tokens > 0 else 0.0)
+                self.step.expected_seconds(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read, s.attention_pairs)
+                + (before if s.prefill_tokens > 0 else 0.0)
                 for s in samples
             ]
         )
 
-    @classmethod
-    def fit(
-        cls,
-        samples: Sequence[StepSample],
-        relative: bool = True,
-        front_end: str = "step",
-        spread: bool = True,
-        seed: int = 0,
-        before_engine_share: float = 0.0,
-        shape: bool = True,
-    ) -> LinearCost:
-        """Least-squares fit with every coefficient >= 0, and the spread of the samples' deviations.
-
-        ``relative=True`` minimises relative errors (each sample weighted by 1/seconds), so a
-        2 ms decode step counts as much as a 200 ms prefill. The non-negative solution is exact:
-        every subset of the coefficients is solved and the best feasible one kept. Features that
-        never vary in the samples get 0 (a constant column is the intercept's job), and so does the
-        per-prompt term when the samples cannot tell it from the others (prefills only).
-
-        The per-prompt term is what a prefill measured from outside costs on top of a step that
-        the decodes' intercept predicts. ``front_end`` says where it goes: "step" (``e``: the
-        front end shares the engine's CPU, as in the course's server, where the event loop and the
-        engine thread share a core) or "latency" (``latency``: a front end in another process, as
-        vLLM's API server, that delays the request without stalling the steps) or "none" (the plain
-        four-term line, which spreads the front end's work over every step's intercept).
-
-        ``before_engine_share`` (front_end "step"): the fraction of the per-prompt term that the front
-        end spends before the engine sees the request (``before_engine``), measured on the server
-        (``benchmarks/sim_fidelity.py`` reads it off its ``/metrics``); the rest stays ``e``. A lone
-        request's TTFT is the same either way; under load the share waits for the front end.
-
-        ``shape=True`` fits the two terms that follow the kernels rather than a line: ``f``, the cost of
-        the prefill's attention pairs, when the samples hold prompts of at least :data:`CURVE_LENGTHS`
-        lengths (the prefill's intercept, ``b`` and ``f`` go exactly through any three, noise and all),
-        and ``g``, the step of two or more token rows, when the samples hold decode steps of one row
-        and of more. ``False`` leaves both 0 (the plain line of ``a`` to ``e``).
-
-        ``spread=True`` with samples that carry ``deviations``: :func:`fit_spread` over the decode
-        samples and over the prefill samples gives ``spread`` and ``prefill_spread``.
-        """
-        if front_end not in FRONT_END:
-            raise ValueError(f"front_end must be one of {', '.join(FRONT_END)}; got {front_end!r}")
-        if not 0.0 <= before_engine_share <= 1.0:
-            raise ValueError(f"before_engine_share is a fraction from 0 to 1, got {before_engine_share!r}")
-        if before_engine_share and front_end != "step":
-            raise ValueError(
-                "before_engine_share splits the per-prompt term of front_end='step'; "
-                f"with front_end={front_end!r} there is none to split"
-            )
-        if len(samples) < 2:
-            raise ValueError(f"fitting a linear cost needs at least 2 measured steps, got {len(samples)}")
-        x = np.array(
-            [
-                [
-                    1.0,
-                    s.prefill_tokens,
-                    s.decode_tokens,
-                    s.kv_tokens_read,
-                    float(s.prefill_tokens > 0),
-                    prefill_pairs(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read, s.attention_pairs),
-                    float(s.prefill_tokens + s.decode_tokens >= 2),
-                ]
-                for s in samples
-            ]
-        )
-        y = np.array([s.seconds for s in samples], dtype=float)
-        if np.any(y <= 0):
-            raise ValueError("measured step times must be positive")
-        weights = 1.0 / y if relative else np.ones_like(y)
-        xw, yw = x * weights[:, None], y * weights
-        usable = [j for j in range(x.shape[1]) if j == 0 or np.ptp(x[:, j]) > 0]
-        if front_end == "none":
-            usable = [j for j in usable if j != 4]
-        if not shape or len({s.prefill_tokens for s in samples if s.prefill_tokens > 0}) < CURVE_LENGTHS:
-            usable = [j for j in usable if j != 5]
-        decode_rows = {s.decode_tokens >= 2 for s in samples if s.decode_tokens and not s.prefill_tokens}
-        if not shape or decode_rows != {False, True}:  # g is told apart by decode steps of one row and of more
-            usable = [j for j in usable if j != 6]
-        best, best_error = np.zeros(x.shape[1]), np.inf
-        # A larger subset must do better, not tie: by more than rounding, which on exact data (an error
-        # near 0) would otherwise hand a term a coefficient of 1e-19 s.
-        rounding = 1e-12 * float(np.sum(yw**2))
-        for size in range(1, len(usable) + 1):
-            for subset in itertools.combinations(usable, size):
-                columns = xw[:, subset]
-                if np.linalg.matrix_rank(columns) < size:  # the data cannot separate these terms
-                    continue
-                coef, *_ = np.linalg.lstsq(columns, yw, rcond=None)
-                if np.any(coef < 0):
-                    continue
-                error = float(np.sum((columns @ coef - yw) ** 2))
-                if error < best_error * (1 - 1e-12) - rounding:
-                    best_error = error
-                    best = np.zeros(x.shape[1])
-                    best[list(subset)] = coef
-        a, b, c, d, per_prompt, f, g = (float(v) for v in best)
-        if front_end == "latency":
-            terms = {"latency": per_prompt}
-        else:
-            terms = {"e": per_prompt * (1.0 - before_engine_share), "before_engine": per_prompt * before_engine_share}
-        if spread:
-            terms["spread"] = fit_spread([s for s in samples if s.prefill_tokens == 0])
-            terms["prefill_spread"] = fit_spread([s for s in samples if s.prefill_tokens > 0])
-        return cls(a, b, c, d, f=f, g=g, **terms, seed=seed)
-
-
-def fit_spread(samples: Sequence[StepSample], probabilities: Sequence[float] = SPREAD_PROBABILITIES) -> tuple:
-    """Quantiles of a step's relative deviation from its expected time, from the samples' ``deviations``.
-
-    Each sample with at least 2 deviations gives the quantiles of ``deviation / seconds`` at
-    ``probabilities``; their mean (quantile averaging keeps the shape of the distributions; every
-    sample counts alike, a prefill of 8 repeats as much as a decode wave of 500 gaps) is shifted to
-    mean 0, so the expected step stays the fitted line, and kept at -1 or above. () when no sample
-    carries deviations.
-    """
-    rows = [
-        np.quantile(np.asarray(s.deviations, dtype=float) / s.seconds, probabilities)
-        for s in samples
-        if len(s.deviations) > 1
-    ]
-    if not rows:
-        return ()
-    quantiles = np.mean(rows, axis=0)
-    steps = np.diff(np.asarray(probabilities, dtype=float))
-    quantiles -= float(np.sum(steps * (quantiles[1:] + quantiles[:-1]) / 2))  # the quantile function's mean
-    return tuple(float(v) for v in np.maximum(quantiles, -1.0))
-
-
-def samples_from_timings(
-    prefill: Sequence = (), decode: Sequence = (), decode_context: int | None = None
-) -> list[StepSample]:
-    """Step samples from ``course.measure`` timings.
-
-    ``prefill``: :class:`course.measure.Timing` of prefills (``size`` = prompt tokens, batch 1).
-    ``decode``: timings of decode steps (``size`` = batch), each sequence holding ``decode_context``
-    cached tokens, so the step reads ``batch x context`` KV tokens.
-    """
-    samples = [StepSample(t.size, 0, 0, t.median) for t in prefill]
-    if decode and decode_context is None:
-        raise ValueError("decode timings need decode_context (cached tokens per sequence)")
-    samples += [StepSample(0, t.size, t.size * decode_context, t.median) for t in decode]
-    return samples
+    def describe(self) -> str:
+        if not hasattr(self.step, "describe_line"):  # a step cost without a spread of its own
+            return self.step.describe() + self.front_end.describe()
+        # the front end's words between the line's and the spread's, as they read before the two were apart
+        return self.step.describe_line() + self.front_end.describe() + self.step.describe_spread()

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from course.limits import rejection
 from course.sim import rules
-from course.sim.cost import spread_draw
+from course.sim.cost import spread_draw, step_time
+from course.sim.frontend import FrontDoor, front_end_of
 from course.sim.results import RequestRecord, SimResult, StepLog, StepLogBuilder, request_table, token_runs
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
@@ -251,7 +252,7 @@ def run(
     running: list[SimRequest] = []
     now, arrived = 0.0, 0
     finishing: list[SimRequest] = []  # async scheduling: finished in the last step, not yet freed
-    front = rules.front_door(cost)
+    front = FrontDoor(front_end_of(cost))
     draw = spread_draw(cost)  # the step-time spread, drawn by the step's index (None: none)
     step_start = None  # when the step that just ended started (None after idling): who arrived during it
     for _ in range(max_steps):
@@ -281,7 +282,7 @@ def run(
                 f"the step scheduled nothing at t={now:.6g} s with {len(running)} running and {len(waiting)} "
                 f"waiting requests and {blocks.num_free_blocks} free blocks: the simulation would never end"
             )
-        seconds = rules.step_time(cost.step_seconds(*load), draw, len(result.log), load[0] > 0)
+        seconds = step_time(cost.step_seconds(*load), draw, len(result.log), load[0] > 0)
         end = now + seconds + front.taken()  # what the front end took from the engine's core
         result.log.add(now, end, *load, len(scheduled), blocks.num_blocks - blocks.num_free_blocks, queued)
         step_start, now = now, end
@@ -302,14 +303,14 @@ def _arrive(
     blocks,
     limits: tuple[int | None, int, int | None],
     rejected: list[str],
-    front: rules.FrontDoor | None = None,
+    front: FrontDoor | None = None,
     step_start: float | None = None,
 ) -> int:
     """Queue the requests that arrived by ``now`` (from index ``arrived`` on), rejecting those that could
     never run and shedding those beyond ``max_num_queued_reqs``; returns the index of the next arrival.
 
     ``limits``: (``max_model_len``, ``watermark_blocks``, ``max_num_queued_reqs``), as :func:`run` takes them.
-    ``front``: with front-end work per request (:class:`course.sim.rules.FrontDoor`), an arrival waits
+    ``front``: with front-end work per request (:class:`course.sim.frontend.FrontDoor`), an arrival waits
     there first (a busy one if it came after ``step_start``, during the step that just ended) and
     the checks happen when it reaches the queue.
     """

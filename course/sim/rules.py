@@ -46,11 +46,6 @@ vLLM 0.32's admission rules for V1:
   num_output_placeholders - num_computed_tokens`` = 1 token, the same blocks as synchronous.
   :func:`course.sim.harness.run` (``async_scheduling=True``) and :func:`course.sim.simulate`
   implement it; ``tests/oracle/test_scheduler.py`` drives ``AsyncScheduler`` step by step against them.
-* :class:`FrontDoor`: a request reaches the scheduler only after the front end's work on it (reading,
-  parsing and tokenizing it), ``LinearCost.before_engine`` seconds, twice that when it arrives while
-  the engine is busy: in module 2's server the event loop and the tokenizer thread share the engine's
-  core, so while a step runs each gets half of it, and the step is longer by the work
-  (vLLM's API server is another process and costs the engine nothing here, ``LinearCost.latency``).
 * :func:`queue_full`: load shedding in the API server: with ``max_num_queued_reqs`` a request that
   arrives while that many are unfinished is refused with HTTP 503 and counted in
   ``vllm:admission_rejections_total`` (``AsyncLLM``, ``QueueOverflowError``).
@@ -60,7 +55,6 @@ Paths are relative to the ``vllm`` package of the release :mod:`course.vllm_rele
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Iterator, Sequence
 
 from course.units import cdiv
@@ -109,99 +103,6 @@ def long_prefill_threshold(threshold: int, token_budget: int, num_requests: int,
 def queue_full(unfinished: int, max_num_queued_reqs: int | None) -> bool:
     """Whether an arriving request is shed: ``unfinished`` requests (waiting or running) already at the limit."""
     return max_num_queued_reqs is not None and unfinished + 1 > max_num_queued_reqs
-
-
-def step_time(seconds: float, draw, step: int, prefills: bool) -> float:
-    """A simulated step's time (s): its cost's expected ``seconds``, times the cost's spread drawn for the
-    step's index ``step`` (0 for the run's first step; ``prefills``: the step computes prompt tokens),
-    where the cost has one (``draw``: :func:`course.sim.cost.spread_draw`; None: the expected time)."""
-    return seconds if draw is None else seconds * draw(step, prefills)
-
-
-# The front end's work takes this many times longer when it arrives while the engine is busy: two
-# runnable threads on one core, each getting half of it (a cost's ``front_end_slowdown`` overrides it).
-SHARED_CORE_SLOWDOWN = 2.0
-
-
-class FrontDoor:
-    """Requests the front end is still reading, parsing and tokenizing, released to the scheduler's
-    queue in the order they are ready.
-
-    ``seconds``: the front end's work per request (``LinearCost.before_engine``). A request that
-    arrives while a step runs shares the core with it, so its work takes ``slowdown`` times longer
-    (``SHARED_CORE_SLOWDOWN``, 2: an even share; ``LinearCost.front_end_slowdown`` where measured)
-    and the step loses the work's length (:meth:`stretch`); one that arrives while the engine idles
-    has the core to itself. ``wake``: what a request that finds the whole server idle (no step
-    running, nothing at the front door) waits more for the machine to wake up
-    (``LinearCost.idle_wake``).
-    """
-
-    def __init__(self, seconds: float, wake: float = 0.0, slowdown: float = SHARED_CORE_SLOWDOWN) -> None:
-        if not slowdown >= 1:
-            raise ValueError(f"the front end's slowdown beside a step must be >= 1, got {slowdown!r}")
-        self.seconds = seconds
-        self.wake = wake
-        self.slowdown = slowdown
-        self._heap: list[tuple[float, int, object]] = []
-        self._arrivals = 0  # tie-break: among requests ready at once, the earlier arrival goes first
-        self._taken = 0.0  # seconds of the core the front end takes from the next step
-
-    @property
-    def active(self) -> bool:
-        """Whether requests pass through the front door at all (it has work or a wake-up to model)."""
-        return bool(self.seconds or self.wake)
-
-    def arrive(self, request, arrival_time: float, busy: bool) -> None:
-        """Take ``request``, which arrived at ``arrival_time`` (s) while a step ran (``busy``) or not."""
-        work = self.seconds * (self.slowdown if busy else 1.0)
-        if not busy and not self._heap:  # nothing running anywhere: the machine wakes up first
-            work += self.wake
-        heapq.heappush(self._heap, (arrival_time + work, self._arrivals, request))
-        self._arrivals += 1
-
-    def stretch(self, start: float, end: float, arrival_times: Iterable[float]) -> float:
-        """The end (s) of the step that ran from ``start`` to ``end`` once the front end's work on the
-        requests that arrived during it has taken its share of the core.
-
-        ``arrival_times``: the arrivals from the first one not yet taken in, in order. Each one that came
-        during the step (after ``start``, before its end as stretched so far) shares the core with it:
-        the step loses the work, or what was left of the step if that is less, and the next step
-        loses the rest (:meth:`taken`). Every request's work is paid once.
-        """
-        for arrival in arrival_times:
-            if arrival > end:
-                break
-            if arrival > start:
-                shared = min(self.seconds, end - arrival)
-                end += shared
-                self._taken += self.seconds - shared
-        return end
-
-    def taken(self) -> float:
-        """The engine's time the front end took from the next step since the last call (s)."""
-        taken, self._taken = self._taken, 0.0
-        return taken
-
-    def release(self, now: float) -> list:
-        """The requests whose front-end work is done by ``now``, in the order they became ready."""
-        ready = []
-        while self._heap and self._heap[0][0] <= now:
-            ready.append(heapq.heappop(self._heap)[2])
-        return ready
-
-    def next_ready(self) -> float | None:
-        """When the next request will be ready (s), or None when the front end holds none."""
-        return self._heap[0][0] if self._heap else None
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-
-def front_door(cost) -> FrontDoor:
-    """The :class:`FrontDoor` of a step cost: its ``before_engine``, ``idle_wake`` and ``front_end_slowdown``
-    where it has them (a :class:`~course.sim.cost.LinearCost`), none otherwise."""
-    return FrontDoor(getattr(cost, "before_engine", 0.0), getattr(cost, "idle_wake", 0.0),
-                     getattr(cost, "front_end_slowdown", SHARED_CORE_SLOWDOWN))  # fmt: skip
 
 
 # --- how many tokens, and who joins --------------------------------------------------------------

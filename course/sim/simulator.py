@@ -39,7 +39,8 @@ from course.limits import rejection
 from course.sim import rules
 from course.sim.blocks import BlockManager, prompt_block_hashes
 from course.sim.config import SimConfig
-from course.sim.cost import spread_draw
+from course.sim.cost import spread_draw, step_time
+from course.sim.frontend import FrontDoor, front_end_of
 from course.sim.results import RequestTable, SimResult, StepLogBuilder, request_table
 from course.units import cdiv
 from course.workload import RequestSpec, Workload
@@ -245,7 +246,7 @@ class _IterativeRun:
         self.admissions = 0
         self.step_seconds = cost.step_seconds
         self.draw = spread_draw(cost)  # the step-time spread, drawn by the step's index (None: none)
-        self.front = rules.front_door(cost)
+        self.front = FrontDoor(front_end_of(cost))
         self.log = StepLogBuilder()
         self.waiting: deque[_FastRequest] = deque()
         self.running: list[_FastRequest] = []
@@ -266,7 +267,7 @@ class _IterativeRun:
         last_step_prefilled = False
         step_start = None  # when the step that just ended started (None after idling): who arrived during it
         while True:
-            if front.active:  # the front end reads and tokenizes them first (rules.FrontDoor)
+            if front.active:  # the front end reads and tokenizes them first (FrontDoor)
                 if step_start is not None:  # its work on the step's arrivals took part of the core
                     arrivals = (r.spec.arrival_time for r in itertools.islice(requests, next_arrival, None))
                     stretched = front.stretch(step_start, now, arrivals)
@@ -346,11 +347,11 @@ class _IterativeRun:
                 f"{len(self.waiting)} waiting, {self.blocks.num_free_blocks} free blocks); "
                 "this is a bug in the simulator"
             )
-        end = now + rules.step_time(
+        end = now + step_time(
             self.step_seconds(prefill, decode, kv_read, pairs), self.draw, self.step, prefill > 0
         )
         if self.front.active:
-            end += self.front.taken()  # what the front end took from the engine's core (rules.FrontDoor)
+            end += self.front.taken()  # what the front end took from the engine's core (FrontDoor)
         self.log.add(now, end, prefill, decode, kv_read, pairs, seqs, self.blocks.num_used_blocks, queued)
         self.step += 1
         if finished:
@@ -715,7 +716,7 @@ def _run_static(requests: list[_FastRequest], config: SimConfig, cost) -> StepLo
             r.run_start, r.last_step = step, step + r.output - 1
             r.generated = r.output
         for load in rules.static_batch_loads(size, longest_prompt, longest_output):
-            end = now + rules.step_time(cost.step_seconds(*load), draw, step, load[0] > 0)
+            end = now + step_time(cost.step_seconds(*load), draw, step, load[0] > 0)
             log.add(now, end, *load, size, used, queued)
             now, step = end, step + 1
         assert step == first + longest_output

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 
 from course.limits import rejection
 from course.sim import rules
-from course.sim.cost import spread_draw
+from course.sim.cost import spread_draw, step_time
 from course.sim.harness import SimRequest
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
@@ -263,7 +263,7 @@ def run_static(
         batch, index = specs[index:end], end
         times: dict[str, list[float]] = {s.request_id: [] for s in batch}
         for k, load in enumerate(rules.static_batch_loads(len(batch), longest_prompt, longest_output)):
-            now += rules.step_time(cost.step_seconds(*load), draw, step, load[0] > 0)
+            now += step_time(cost.step_seconds(*load), draw, step, load[0] > 0)
             step += 1
             for s in batch:
                 if s.output_tokens > k:  # step k (0: the prefill) gives the requests that want it a token

@@ -1,0 +1,171 @@
+"""The server's front end: the host's work on each request outside the engine's steps.
+
+A request does not reach the scheduler when it arrives. The server's front end reads it, parses and
+tokenizes it first, and on the way out detokenizes and streams its tokens. How long that takes, and
+whether it competes with the engine for the CPU, is a fact of the machine, not of the scheduling
+rules (:mod:`course.rules`) or of a step's cost (:class:`course.sim.cost.LinearCost`); this module
+holds it:
+
+* :class:`FrontEnd`, the record: ``before_engine`` seconds of work before the engine can schedule a
+  request, on the engine's core (module 2's server: its event loop and tokenizer thread share the
+  engine's core); a ``latency`` off the engine's steps (vLLM's API server, another process); the
+  ``idle_wake`` a request waits more when it finds the whole server idle; and the ``slowdown`` of the
+  front end's work while a step runs beside it on the same core.
+* :class:`FrontDoor`, what the simulation loop (:mod:`course.sim.loop`) asks while it runs: which
+  requests are ready for the scheduler's queue, and how much of the core their work took from the steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+# The front end's work takes this many times longer when it arrives while the engine is busy: two
+# runnable threads on one core, each getting half of it (a measured FrontEnd.slowdown overrides it).
+SHARED_CORE_SLOWDOWN = 2.0
+
+
+@dataclass(frozen=True)
+class FrontEnd:
+    """The front end's timing per request (seconds), as a calibration measures it.
+
+    Attributes:
+        before_engine: the front end's work on each request before the engine can schedule it
+            (reading, parsing and tokenizing it), where the front end shares the engine's core: the
+            request reaches the queue that long after it arrives, ``slowdown`` times that long when it
+            arrives during a step, which then lasts that much longer (the two share the core:
+            :class:`FrontDoor`; iteration-level schedulers). With the step cost's ``e``, what a lone
+            request's TTFT costs beyond the forward pass; ``e`` is the part the step that prefills it
+            pays (the hand-off, the first token's way out).
+        latency: seconds every request spends off the engine's steps (a front end in another
+            process: tokenizing, the hand-off to the engine core, the output path). It delays every
+            token of a request alike, so it moves TTFT and E2E, not the gaps; the simulator does not
+            see it: :meth:`delivered` adds it to simulated traces.
+        idle_wake: seconds more that a request waits when it finds the whole server idle (no step
+            running, no request at the front door): the machine waking up (a virtual CPU the hypervisor
+            had descheduled, caches other programs took over). Measured as the first request of a
+            microbenchmark after a pause against the ones that follow it.
+        slowdown: how many times longer ``before_engine`` takes for a request that arrives while a step
+            runs (2: the front end and the engine share the core evenly; more where the engine keeps the
+            core, or Python's GIL, for longer stretches). Measured as lone prefills that arrive while one
+            request decodes (``benchmarks/sim_fidelity.py``).
+    """
+
+    before_engine: float = 0.0
+    latency: float = 0.0
+    idle_wake: float = 0.0
+    slowdown: float = SHARED_CORE_SLOWDOWN
+
+    def __post_init__(self) -> None:
+        for name in ("before_engine", "latency", "idle_wake"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"FrontEnd.{name} must be >= 0 seconds, got {value!r}")
+        if not self.slowdown >= 1:
+            raise ValueError(f"FrontEnd.slowdown must be >= 1 (2: an even share of the core), got {self.slowdown!r}")
+
+    @property
+    def before_first_token(self) -> float:
+        """What a lone request's first token waits for the front end (s): its work before the engine and
+        its latency off the steps (a calibration's prefill measures both)."""
+        return self.before_engine + self.latency
+
+    def delivered(self, traces: Sequence) -> list:
+        """Simulated :class:`course.trace.RequestTrace` records as a client would see them: every chunk
+        ``latency`` seconds later (the front end's time off the engine's steps). Returns new records."""
+        if not self.latency:
+            return list(traces)
+        return [dataclasses.replace(t, chunk_times=[x + self.latency for x in t.chunk_times]) for t in traces]
+
+    def describe(self) -> str:
+        """The front end's terms in words, each after a "; " (empty for a front end that costs nothing)."""
+        text = ""
+        if self.before_engine:
+            text += f"; {self.before_engine * 1e3:.3g} ms of front-end work before the engine sees a request"
+        if self.latency:
+            text += f"; {self.latency * 1e3:.3g} ms front-end latency per request"
+        if self.idle_wake:
+            text += f"; {self.idle_wake * 1e3:.3g} ms to wake an idle server"
+        if self.before_engine and self.slowdown != SHARED_CORE_SLOWDOWN:
+            text += f"; that work {self.slowdown:.3g}x as long beside a step"
+        return text
+
+
+NO_FRONT_END = FrontEnd()
+
+
+def front_end_of(cost) -> FrontEnd:
+    """The front end a simulation's ``cost`` carries (:class:`course.sim.cost.ServerCost`), none otherwise."""
+    return getattr(cost, "front_end", None) or NO_FRONT_END
+
+
+class FrontDoor:
+    """Requests the front end is still reading, parsing and tokenizing, released to the scheduler's
+    queue in the order they are ready.
+
+    A request that arrives while a step runs shares the core with it, so its work takes
+    ``front_end.slowdown`` times longer and the step loses the work's length (:meth:`stretch`); one that
+    arrives while the engine idles has the core to itself. A request that finds the whole server idle
+    (no step running, nothing at the front door) waits ``front_end.idle_wake`` more for the machine to
+    wake up.
+    """
+
+    def __init__(self, front_end: FrontEnd = NO_FRONT_END) -> None:
+        self.seconds = front_end.before_engine
+        self.wake = front_end.idle_wake
+        self.slowdown = front_end.slowdown
+        self._heap: list[tuple[float, int, object]] = []
+        self._arrivals = 0  # tie-break: among requests ready at once, the earlier arrival goes first
+        self._taken = 0.0  # seconds of the core the front end takes from the next step
+
+    @property
+    def active(self) -> bool:
+        """Whether requests pass through the front door at all (it has work or a wake-up to model)."""
+        return bool(self.seconds or self.wake)
+
+    def arrive(self, request, arrival_time: float, busy: bool) -> None:
+        """Take ``request``, which arrived at ``arrival_time`` (s) while a step ran (``busy``) or not."""
+        work = self.seconds * (self.slowdown if busy else 1.0)
+        if not busy and not self._heap:  # nothing running anywhere: the machine wakes up first
+            work += self.wake
+        heapq.heappush(self._heap, (arrival_time + work, self._arrivals, request))
+        self._arrivals += 1
+
+    def stretch(self, start: float, end: float, arrival_times: Iterable[float]) -> float:
+        """The end (s) of the step that ran from ``start`` to ``end`` once the front end's work on the
+        requests that arrived during it has taken its share of the core.
+
+        ``arrival_times``: the arrivals from the first one not yet taken in, in order. Each one that came
+        during the step (after ``start``, before its end as stretched so far) shares the core with it:
+        the step loses the work, or what was left of the step if that is less, and the next step
+        loses the rest (:meth:`taken`). Every request's work is paid once.
+        """
+        for arrival in arrival_times:
+            if arrival > end:
+                break
+            if arrival > start:
+                shared = min(self.seconds, end - arrival)
+                end += shared
+                self._taken += self.seconds - shared
+        return end
+
+    def taken(self) -> float:
+        """The engine's time the front end took from the next step since the last call (s)."""
+        taken, self._taken = self._taken, 0.0
+        return taken
+
+    def release(self, now: float) -> list:
+        """The requests whose front-end work is done by ``now``, in the order they became ready."""
+        ready = []
+        while self._heap and self._heap[0][0] <= now:
+            ready.append(heapq.heappop(self._heap)[2])
+        return ready
+
+    def next_ready(self) -> float | None:
+        """When the next request will be ready (s), or None when the front end holds none."""
+        return self._heap[0][0] if self._heap else None
+
+    def __len__(self) -> int:
+        return len(self._heap)

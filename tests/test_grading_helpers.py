@@ -160,7 +160,7 @@ def test_passing_test_cells_say_so_and_failing_ones_do_not(capsys):
 
 
 def test_forbid_reference_names_a_subpackage_module_by_its_full_name():
-    from course.sim import rules
+    from course.sim import blocks
 
-    with pytest.raises(AssertionError, match=r"\(course\.sim\.rules\.chunk_size\)"), forbid_reference(rules):
-        rules.chunk_size(10, 4)
+    with pytest.raises(AssertionError, match=r"\(course\.sim\.blocks\.prompt_block_hashes\)"), forbid_reference(blocks):
+        blocks.prompt_block_hashes("r", 8, 4)

@@ -59,7 +59,7 @@ class SimConfig:
         async_scheduling: continuous only: vLLM's async scheduling (on by default on GPUs in 0.32,
             ``vllm/config/vllm.py``; :meth:`vllm_defaults` turns it on): step k+1 is scheduled before
             step k's output is processed, so a request that finished in step k holds its KV blocks and
-            its ``max_num_seqs`` slot while step k+1 is scheduled (:mod:`course.sim.rules`). Off here,
+            its ``max_num_seqs`` slot while step k+1 is scheduled (:mod:`course.rules`). Off here,
             so a bare config matches module 3's synchronous harness; V0 and static batching ignore it.
     """
 

@@ -6,7 +6,7 @@ the step took, and every request whose KV cache caught up with its tokens emits 
 the end of the step. It keeps one Python object per request and one step number per emitted token, which
 is fine for hundreds of requests; :func:`course.sim.simulate` runs the same policies with counters
 instead and handles a hundred thousand (the tests check that both agree exactly). The rules both
-follow are :mod:`course.sim.rules`; both record their results with the same builders
+follow are :mod:`course.rules`; both record their results with the same builders
 (:mod:`course.sim.results`).
 
 The request record follows vLLM V1 (``vllm/v1/request.py``): a request has ``num_tokens`` =
@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from course import rules
 from course.limits import rejection
-from course.sim import rules
 from course.sim.cost import spread_draw, step_time
 from course.sim.frontend import FrontDoor, front_end_of
 from course.sim.results import RequestRecord, SimResult, StepLog, StepLogBuilder, request_table, token_runs
@@ -227,11 +227,11 @@ def run(
         watermark_blocks: blocks the step keeps free when admitting (V0's watermark), so that a
             request it could never admit is rejected instead of waiting forever.
         max_num_queued_reqs: shed a request that arrives while this many are unfinished (HTTP 503 in
-            vLLM, :func:`course.sim.rules.queue_full`); None: no limit.
+            vLLM, :func:`course.rules.queue_full`); None: no limit.
         async_scheduling: vLLM's async scheduling (``AsyncScheduler``, the engine core's batch queue of 2):
             step k+1 is scheduled before step k's output is processed, so a request that produced its
             last token in step k stays in ``running``, holding its blocks and its ``max_num_seqs`` slot,
-            while step k+1 is scheduled, and is freed right after (:mod:`course.sim.rules`). The step
+            while step k+1 is scheduled, and is freed right after (:mod:`course.rules`). The step
             function must skip such requests (``request.finished``) as :func:`course.sim.steps.
             continuous_step` does. A scheduling pass that gives nobody tokens while such requests wait
             to be freed takes no time and logs no step. False (default): freed at the end of the step.
@@ -346,7 +346,7 @@ def _schedule(
 ) -> tuple[list[tuple[SimRequest, int]], tuple[int, int, int, int], int]:
     """Schedule step number ``index`` with the step function and note who joined and who was preempted.
 
-    Returns (the batch, its load as :func:`course.sim.rules.step_load` counts it, requests waiting before).
+    Returns (the batch, its load as :func:`course.rules.step_load` counts it, requests waiting before).
     Requests that joined from the queue (new, or preempted and re-admitted) are prefills.
     """
     in_batch = {id(request): (request, request.preemptions) for request in running}

@@ -124,7 +124,7 @@ class StepLogBuilder:
         used: int,
         waiting: int,
     ) -> None:
-        """One step: its start and end (s), its load (:func:`course.sim.rules.step_load`), the requests that
+        """One step: its start and end (s), its load (:func:`course.rules.step_load`), the requests that
         computed in it, the KV blocks held and the requests waiting when it was scheduled."""
         self.start.append(start)
         self.end.append(end)

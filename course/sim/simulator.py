@@ -23,7 +23,7 @@ the next arrival. What makes it fast is what it does *not* keep:
 
 It produces exactly what the readable reference (``course.sim.harness.run`` driving
 ``course.sim.steps``) produces: the tests compare the two on random workloads. Both call the rules of
-:mod:`course.sim.rules` and record their results with the builders of :mod:`course.sim.results`.
+:mod:`course.rules` and record their results with the builders of :mod:`course.sim.results`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import itertools
 import time
 from collections import deque
 
+from course import rules
 from course.limits import rejection
-from course.sim import rules
 from course.sim.blocks import BlockManager, prompt_block_hashes
 from course.sim.config import SimConfig
 from course.sim.cost import spread_draw, step_time
@@ -577,7 +577,7 @@ class _IterativeRun:
 
         This loop is where the simulator spends its time (once per scheduled token), so it keeps
         to locals, calls out only at block boundaries and inlines :func:`_sample` and three rules of
-        :mod:`course.sim.rules` (``chunk_size``, ``step_load``'s decode test, ``attention_pairs``), as
+        :mod:`course.rules` (``chunk_size``, ``step_load``'s decode test, ``attention_pairs``), as
         :meth:`_fast_running` does, because measured instruction counts showed the gain
         (benchmarks/RESULTS.md, "Why the fast loop is written as it is").
         The property tests (``tests/test_sim_properties.py``) hold these copies equal to the rules.
@@ -659,7 +659,7 @@ class _IterativeRun:
     ) -> tuple[int, int, int, int, int]:
         """Add the admitted requests' tokens to the step's ``load`` and compute them; returns the new load.
 
-        Their load is the reference's :func:`course.sim.rules.step_load`, computed before they advance;
+        Their load is the reference's :func:`course.rules.step_load`, computed before they advance;
         all of them are prefills, even one that the prefix cache leaves a single token to compute.
         """
         prefill, decode, kv_read, pairs, seqs = load

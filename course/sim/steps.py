@@ -9,7 +9,7 @@
   Then, only if nothing was preempted in this step, WAITING requests are admitted in order while
   ``max_num_seqs`` and the budget allow; a request is admitted only when the blocks of its whole
   sequence are free (vLLM 0.32's ``scheduler_reserve_full_isl``; 0.11 checked the first chunk) and,
-  with the optional watermark, a headroom stays free while others run (:mod:`course.sim.rules`); the
+  with the optional watermark, a headroom stays free while others run (:mod:`course.rules`); the
   first that does not fit stops admission (head-of-line blocking). With chunked prefill a prompt
   larger than the remaining budget is cut to fit; without it, admission stops at a prompt that does
   not fit whole (with chunked prefill off vLLM sets the budget to ``max_model_len``, so only an
@@ -17,7 +17,7 @@
   tokens per step unless it is the only request. With async scheduling (vLLM's default on GPUs) a
   request that produced its last token in the previous step is still in ``running`` when this
   step is scheduled: it gets no tokens, but it holds its blocks and its slot and can be the
-  preemption victim (:mod:`course.sim.rules`; :func:`course.sim.harness.run` frees it after the step).
+  preemption victim (:mod:`course.rules`; :func:`course.sim.harness.run` frees it after the step).
 * :func:`prefill_first_step`: vLLM V0's default scheduler (``vllm/core/scheduler.py`` in 0.6.x,
   chunked prefill off): "it batches as many prefill requests as possible. And it schedules
   decodes." A step is all prefill or all decode, never mixed, so every new prompt stalls every
@@ -30,7 +30,7 @@
 These are the library's reference implementations: module 3's exercises rebuild the continuous step
 and the static baseline, and :func:`course.sim.simulate` runs the same policies fast (the tests
 check that both give identical traces). Each rule (how many tokens a request gets, who may join,
-who is preempted, what a step costs) is a function of :mod:`course.sim.rules` that both call.
+who is preempted, what a step costs) is a function of :mod:`course.rules` that both call.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+from course import rules
 from course.limits import rejection
-from course.sim import rules
 from course.sim.cost import spread_draw, step_time
 from course.sim.harness import SimRequest
 from course.trace import RequestTrace
@@ -47,7 +47,7 @@ from course.workload import RequestSpec, Workload
 
 
 def preempt(request: SimRequest, waiting: deque, blocks) -> None:
-    """Preemption by recompute (:func:`course.sim.rules.preempt`), counted on the request.
+    """Preemption by recompute (:func:`course.rules.preempt`), counted on the request.
 
     It keeps the tokens it already generated (the client has them); when it is admitted again it
     prefills prompt + generated tokens and then continues where it stopped.
@@ -135,7 +135,7 @@ def continuous_step(
     """One step of vLLM V1's scheduler; returns ``[(request, num_new_tokens), ...]`` in batch order.
 
     The admission rules of vLLM 0.32 (whole-sequence reservation, the optional watermark, the
-    long-prefill cap) are :mod:`course.sim.rules`; ``reserve_full_isl=False`` is vLLM 0.11's rule
+    long-prefill cap) are :mod:`course.rules`; ``reserve_full_isl=False`` is vLLM 0.11's rule
     (only the first chunk's blocks must be free).
     """
     threshold = rules.long_prefill_threshold(

@@ -47,7 +47,7 @@ from course.kv import vllm
 from course.kv.catalogue import get_model
 from course.kv.dtypes import WEIGHT_BYTES, KVDtype, get_kv_dtype
 from course.kv.sizes import _positive_int, kv_heads_per_gpu, layer_bytes_per_token, state_bytes
-from course.sim.blocks import cdiv
+from course.units import cdiv
 
 GiB = 2**30
 MiB = 2**20

@@ -8,7 +8,7 @@ from typing import Any
 from course.kv.dtypes import KVDtype
 from course.kv.sizes import _non_negative_int, _positive_int, _whole, bytes_per_token
 from course.kv.vllm import BLOCK_SIZE
-from course.sim.blocks import cdiv
+from course.units import cdiv
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ hidden tests hidden. Configured by :func:`autograder.sandbox.nbgrader_settings` 
 
 from __future__ import annotations
 
+import builtins
 import html
 import re
 
@@ -14,6 +15,10 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 from autograder import execution
 
 WITHHELD_NOTE = "[not shown in feedback: this cell ran after hidden tests]"
+# The names of Python's own exceptions: the one thing feedback says about a cell whose output it withholds.
+BUILTIN_EXCEPTIONS = frozenset(
+    name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
+)
 # Output types feedback keeps. HTML, JavaScript and SVG from student code could script the page that
 # the learner or the instructor opens, so feedback shows text and bitmap images only.
 SAFE_MIMETYPES = ("text/plain", "image/png", "image/jpeg")
@@ -121,7 +126,11 @@ class SafeFeedback(NbGraderPreprocessor):
                 entry[0] += float(score or 0)
                 entry[1] += float(meta.get("points") or 0)
             elif after_hidden and cell.get("outputs"):
-                cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=WITHHELD_NOTE + "\n")]
+                note = WITHHELD_NOTE
+                raised = [o.get("ename") for o in cell.outputs if o.get("output_type") == "error"]
+                if raised and raised[-1] in BUILTIN_EXCEPTIONS:  # a builtin's name carries no hidden text
+                    note += f" It raised {raised[-1]}."
+                cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=note + "\n")]
                 self._withheld += 1
             cell.outputs = [self._hidden.scrub_output(_safe_output(output)) for output in cell.outputs]
         return cell, resources

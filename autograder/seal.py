@@ -379,7 +379,6 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
         ("compiler", shell, "compile"),
         ("input transformer manager", shell, "input_transformer_manager"),
         ("traceback formatter", shell, "InteractiveTB"),
-        ("history", shell, "history_manager"),
     ):
         value = getattr(owner, name, None)
         if value is not None:

@@ -727,6 +727,12 @@ def _simulate_pools(
         for name in pool.classes:
             mine = window_latencies(run, steady, keep=lambda rid, name=name: rid.split("/", 1)[0] == name)
             slo = scenario.traffic_class(name).slo
+            if not mine.requests:
+                rate = scenario.traffic_class(name).rate
+                raise ValueError(
+                    f"class {name!r} ({rate:g} req/s): no request arrived in the {window:g} s measured window; "
+                    "lengthen the scenario's window"
+                )
             results.append(ClassResult(name, index, mine.requests, slo.check_latencies(mine), slo, mine.preempted))
         steps = [r.steps for r in run.runs if len(r.steps)]
         limits.append(

@@ -346,3 +346,66 @@ def test_steady_capacity_pools_its_seeds():
     assert 1.0 <= found.rate < 50.0 and "2 seeds pooled" in found.describe()
     with pytest.raises(ValueError, match="seed"):
         capacity.steady_capacity(run_at, SLO, 1.0, 2.0, capacity.SteadyWindow(1.0, 1.0), seeds=())
+
+
+# --- calibration in one call, and the recorded one ------------------------------------------------------
+
+
+def _fake_samples(scale: float = 1.0):
+    """Microbenchmarks of a server whose step is 1 ms + 50 us/prefill token + 0.2 ms per decode row."""
+    from course.noise import Spread
+
+    def sample(prefill, batch, kv):
+        seconds = scale * (0.001 + 50e-6 * prefill + 0.0002 * batch)
+        spread = Spread(seconds, 0.99 * seconds, 1.01 * seconds, 4)
+        return capacity.CalibrationSample(prefill, batch, kv, seconds, deviations=(0.0, 0.0), spread=spread)
+
+    return [sample(p, 0, 0) for p in (16, 64, 192)] + [sample(0, b, b * 40) for b in (1, 4, 8)]
+
+
+def test_merge_rounds_takes_the_mean_step_and_the_rounds_spread():
+    merged = capacity.merge_rounds([_fake_samples(1.0), _fake_samples(1.2)])
+    single = _fake_samples(1.1)
+    assert [m.seconds for m in merged] == pytest.approx([s.seconds for s in single])
+    assert merged[0].spread.n == 2 and merged[0].spread.high == pytest.approx(1.2 * _fake_samples()[0].seconds)
+    assert len(merged[0].deviations) == 4
+    with pytest.raises(ValueError):
+        capacity.merge_rounds([_fake_samples(), _fake_samples()[:-1]])
+
+
+def test_a_calibration_round_trips_through_its_file(tmp_path):
+    """What benchmarks/record_calibration.py writes, load_calibration refits and replays: the same step cost and
+    errors, the label as its source."""
+    import course.sim as sim
+    from course import workload
+
+    samples = tuple(_fake_samples())
+    cost = sim.LinearCost.fit(samples)
+    server = {"max_batch_size": 8, "max_prefill_tokens": 256}
+    run = sim.simulate(workload.poisson(5.0, 20, 64, 16, seed=1), capacity.server_sim_config(**server), cost)
+    errors = capacity.held_out_errors(run.traces, capacity.server_sim_config(**server), cost)
+    assert all(abs(e) < 1e-6 for e in errors.values()), errors  # the simulator against itself
+    found = capacity.Calibration(cost, samples, tuple(run.traces), 5.0, errors, None, "measured on this runtime")
+    path = tmp_path / "calibration.json"
+    capacity.save_calibration(found, str(path), "recorded on a test machine", server)
+    loaded = capacity.load_calibration(str(path))
+    assert loaded.recorded and loaded.source == "recorded on a test machine" and not found.recorded
+    assert loaded.cost.step_seconds(100, 2, 80) == pytest.approx(cost.step_seconds(100, 2, 80))
+    assert len(loaded.held_out) == 20 and loaded.rate == 5.0 and loaded.margin < 1e-6
+    assert "recorded on a test machine" in loaded.describe() and "plan with a margin" in loaded.describe()
+
+
+def test_a_busy_runtime_falls_back_on_the_recorded_calibration(monkeypatch, tmp_path):
+    """The noise check fails: calibrate returns the recorded calibration, its label as the source and this
+    runtime's failed check beside it, without running the held-out load."""
+    from course import noise
+
+    busy = noise.NoiseCheck(False, 3.0, 4, 2.5, "NOISE CHECK FAILED (load average 2.50 per core): busy")
+    monkeypatch.setattr(capacity, "calibration_samples", lambda *a, **k: _fake_samples())
+    monkeypatch.setattr(noise, "check", lambda *a, **k: busy)
+    shipped = capacity.load_calibration()  # the file module 5 ships
+    assert shipped.recorded and shipped.source.startswith("recorded")
+    got = capacity.calibrate("http://127.0.0.1:9", {"max_batch_size": 8, "max_prefill_tokens": 256}, None, None)
+    assert got.source == shipped.source and got.noise is busy
+    with pytest.raises(ValueError, match="rounds"):
+        capacity.calibrate("http://127.0.0.1:9", {}, None, None, rounds=0)

@@ -301,7 +301,7 @@ def test_glossary_and_prerequisite_links_point_to_files_that_exist():
     sources = {root / "docs" / "glossary.md": (root / "docs" / "glossary.md").read_text()}
     for folder in ("solutions", "modules"):
         for module in ("m2_streaming_server", "m3_batching_simulator", "m4_kv_calculator", "m5_capacity_planning",
-                       "m7_vllm_lab"):  # fmt: skip
+                       "m6_beyond_one_gpu", "m7_vllm_lab"):  # fmt: skip
             (notebook,) = (root / folder / module).glob("*.ipynb")
             cells = json.loads(notebook.read_text())["cells"]
             (box,) = [

@@ -6,7 +6,6 @@ run alone without breaking another.
 
 from __future__ import annotations
 
-import functools
 import io
 import shutil
 import zipfile
@@ -19,7 +18,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from autograder import notebooks
 from autograder.course_dir import Course
-from course.sim import BlockManager, SimConfig, harness, prompt_block_hashes, steps
+from course.sim import BlockManager, SimConfig, harness, steps
 from course.trace import RequestTrace
 from course.workload import Workload
 
@@ -45,35 +44,16 @@ class CheckedBlocks:
         return attribute
 
 
-def reference_step(config: SimConfig) -> harness.StepFunction:
-    """The step function of ``config``'s iteration-level scheduler, with every setting it has."""
-    limits = {"token_budget": config.token_budget, "max_num_seqs": config.max_num_seqs}
-    if config.scheduler == "continuous":
-        return functools.partial(
-            steps.continuous_step,
-            **limits,
-            chunked_prefill=config.chunked_prefill,
-            long_prefill_token_threshold=config.long_prefill_token_threshold,
-            long_prefill_token_threshold_adaptive=config.long_prefill_token_threshold_adaptive,
-            reserve_full_isl=config.reserve_full_isl,
-            watermark_blocks=config.watermark_blocks,
-        )
-    if config.scheduler == "prefill-first" and config.decode_after_prefill:
-        return steps.PrefillThenDecode(config.token_budget, config.max_num_seqs, config.watermark_blocks)
-    if config.scheduler == "prefill-first":
-        return functools.partial(steps.prefill_first_step, **limits, watermark_blocks=config.watermark_blocks)
-    raise ValueError(f"{config.scheduler!r} has no step function; static batching is steps.run_static")
-
-
 def reference(
     work: Workload, config: SimConfig, cost, *, check_blocks: bool = False
 ) -> tuple[list[RequestTrace], harness.HarnessRun | None]:
     """``config``'s simulation through the readable reference: (traces, the harness run or None).
 
-    Iteration-level schedulers run through :func:`course.sim.harness.run` and the step functions
-    of :mod:`course.sim.steps`; static batching through :func:`course.sim.steps.run_static` (no
-    harness run). Every setting of ``config`` is honoured, so the fast engine can be compared with
-    this on any configuration.
+    Iteration-level schedulers run through the readable ledger under the simulator's clock
+    (:func:`course.sim.harness.run_config`: the step functions of :mod:`course.sim.steps` with every setting of
+    ``config``); static batching through :func:`course.sim.steps.run_static` (no harness run). So the fast
+    ledger can be compared with this on any configuration; ``check_blocks`` checks the block manager's
+    invariants after every change.
     """
     if config.scheduler == "static":
         traces = steps.run_static(
@@ -86,21 +66,7 @@ def reference(
         )
         return traces, None
     blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-
-    def hashes(spec):
-        return prompt_block_hashes(spec.request_id, spec.prompt_tokens, config.block_size, spec.prompt_segments)
-
-    run = harness.run(
-        work,
-        reference_step(config),
-        CheckedBlocks(blocks) if check_blocks else blocks,
-        cost,
-        block_hashes=hashes if config.enable_prefix_caching else None,
-        max_model_len=config.max_model_len,
-        watermark_blocks=config.watermark_blocks if config.scheduler == "prefill-first" else 0,
-        max_num_queued_reqs=config.max_num_queued_reqs,
-        async_scheduling=config.async_scheduling and config.scheduler == "continuous",
-    )
+    run = harness.run_config(work, config, cost, CheckedBlocks(blocks) if check_blocks else None)
     return run.traces, run
 
 

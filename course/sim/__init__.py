@@ -11,8 +11,9 @@ Quick start::
     print(result.table(ttft_slo=0.5, tpot_slo=0.05))
 
 Pieces: :class:`BlockManager` (paged KV blocks, prefix caching), the policies in
-:mod:`course.sim.steps` (vLLM V1 continuous batching, V0 prefill-first, static batching) and the
-readable loop in :mod:`course.sim.harness`; :func:`simulate`, the fast engine; the cost models
+:mod:`course.sim.steps` (vLLM V1 continuous batching, V0 prefill-first, static batching) and their
+readable ledger in :mod:`course.sim.harness`; :func:`simulate`, the fast ledgers; both run under the
+one clock of :mod:`course.sim.loop`, by the scheduling rules of :mod:`course.rules`; the cost models
 :class:`RooflineCost` and :class:`LinearCost`, the front end's timing :class:`FrontEnd` and both together,
 :class:`ServerCost`, as :mod:`course.sim.calibration` fits them; :class:`SimResult` with traces, goodput and KV usage;
 plots in :mod:`course.sim.plots`; ``course simulate`` on the command line.

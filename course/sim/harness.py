@@ -1,13 +1,15 @@
-"""A small, readable simulation loop that any step function can drive.
+"""The readable side of the simulator: any step function plugs in here.
 
-Module 3's learners write the scheduling decision of one engine step; this harness does the rest:
+Module 3's learners write the scheduling decision of one engine step; the harness does the rest:
 requests arrive, the step function picks who computes how many tokens, the cost model says how long
 the step took, and every request whose KV cache caught up with its tokens emits one output token at
-the end of the step. It keeps one Python object per request and one step number per emitted token, which
-is fine for hundreds of requests; :func:`course.sim.simulate` runs the same policies with counters
-instead and handles a hundred thousand (the tests check that both agree exactly). The rules both
-follow are :mod:`course.rules`; both record their results with the same builders
-(:mod:`course.sim.results`).
+the end of the step. :class:`ReadableLedger` keeps the books (one Python object per request, one step
+number per emitted token, fine for hundreds of requests); the clock is the simulator's one loop
+(:mod:`course.sim.loop`), which :func:`course.sim.simulate` drives with counters instead, for a hundred
+thousand (the tests check that both agree exactly). :func:`run` is the harness module 3 calls;
+:meth:`ReadableLedger.from_config` and :func:`run_config` give a :class:`course.sim.SimConfig`'s scheduler
+the same way. The rules both follow are :mod:`course.rules`; both record their results with the same
+builders (:mod:`course.sim.results`).
 
 The request record follows vLLM V1 (``vllm/v1/request.py``): a request has ``num_tokens`` =
 prompt + generated tokens and ``computed`` tokens whose KV is in the cache. Each step the scheduler
@@ -18,15 +20,16 @@ preempted by recompute keeps its generated tokens, gets ``computed = 0`` and pre
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from course import rules
-from course.limits import rejection
-from course.sim.cost import spread_draw, step_time
-from course.sim.frontend import FrontDoor, front_end_of
+from course.sim import loop, steps
+from course.sim.blocks import BlockManager, prompt_block_hashes
+from course.sim.config import SimConfig
+from course.sim.frontend import front_end_of
+from course.sim.loop import ScheduledStep
 from course.sim.results import RequestRecord, SimResult, StepLog, StepLogBuilder, request_table, token_runs
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
@@ -197,6 +200,105 @@ def retire(finished: list[SimRequest], running: list[SimRequest], waiting: deque
             waiting.remove(request)
 
 
+class ReadableLedger:
+    """The books of a step function's run, as the clock (:mod:`course.sim.loop`) drives them: one
+    :class:`SimRequest` per request, a ``running`` list and a ``waiting`` queue the step function moves them
+    between, and the block manager it allocates from.
+
+    Args:
+        workload: the requests (arrival times in seconds).
+        step: ``step(running, waiting, blocks) -> [(request, num_new_tokens), ...]`` (:data:`StepFunction`).
+        blocks: the block manager the step allocates from; the ledger frees finished requests.
+        block_hashes: prompt block hashes per request, for prefix caching.
+        async_scheduling: a request that produced its last token in step k stays in ``running`` while step
+            k+1 is scheduled and is freed right after (:func:`run`).
+    """
+
+    def __init__(
+        self,
+        workload: Workload | Iterable[RequestSpec],
+        step: StepFunction,
+        blocks,
+        *,
+        block_hashes: Callable[[RequestSpec], list] | None = None,
+        async_scheduling: bool = False,
+    ) -> None:
+        specs = sorted(workload, key=lambda spec: spec.arrival_time)
+        self.requests = [SimRequest.from_spec(spec) for spec in specs]
+        if block_hashes is not None:
+            for request, spec in zip(self.requests, specs):
+                request.block_hashes = block_hashes(spec)
+        self.step_function, self.blocks, self.async_scheduling = step, blocks, async_scheduling
+        self.running: list[SimRequest] = []
+        self.waiting: deque[SimRequest] = deque()
+        self.finishing: list[SimRequest] = []  # async scheduling: finished in the last step, not yet freed
+        self.scheduled: list[tuple[SimRequest, int]] = []  # the step being run
+        self.rejected: list[str] = []
+
+    @classmethod
+    def from_config(cls, workload: Workload | Iterable[RequestSpec], config: SimConfig, blocks=None) -> ReadableLedger:
+        """``config``'s iteration-level scheduler as a readable ledger: its step function with every setting
+        (:func:`course.sim.steps.step_function`), a block manager of its cache (unless ``blocks``), its prefix
+        hashes when it caches prefixes, and its async scheduling."""
+        if blocks is None:
+            blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+
+        def hashes(spec: RequestSpec) -> list:
+            return prompt_block_hashes(spec.request_id, spec.prompt_tokens, config.block_size, spec.prompt_segments)
+
+        return cls(
+            workload,
+            steps.step_function(config),
+            blocks,
+            block_hashes=hashes if config.enable_prefix_caching else None,
+            async_scheduling=config.async_scheduling and config.scheduler == "continuous",
+        )
+
+    def queue(self, request: SimRequest) -> None:
+        self.waiting.append(request)
+
+    def reject(self, request: SimRequest, error: str) -> None:
+        request.error = error
+        self.rejected.append(request.request_id)
+
+    def unfinished(self) -> int:
+        return len(self.running) + len(self.waiting)  # finishing requests are still in running
+
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def settle(self) -> None:
+        pass  # finishing requests stay in running: the ledger is busy until a pass frees them
+
+    def schedule(self, index: int, now: float) -> ScheduledStep | None:
+        """Step number ``index`` as the step function schedules it; None for a pass that only freed the
+        requests that finished in the last step (async scheduling: it takes no time and logs no step)."""
+        blocks = self.blocks
+        scheduled, load, queued = _schedule(self.step_function, self.running, self.waiting, blocks, index)
+        if self.finishing:  # the previous step's output is processed after this schedule
+            retire(self.finishing, self.running, self.waiting, blocks)
+            self.finishing = []
+            if not scheduled:
+                return None
+        if not scheduled:
+            raise RuntimeError(
+                f"the step scheduled nothing at t={now:.6g} s with {len(self.running)} running and "
+                f"{len(self.waiting)} waiting requests and {blocks.num_free_blocks} free blocks: the simulation "
+                "would never end"
+            )
+        self.scheduled = scheduled
+        return (*load, len(scheduled), blocks.num_blocks - blocks.num_free_blocks, queued)
+
+    def finish(self, index: int) -> None:
+        """Step ``index`` ran: each request computed its tokens, and who finished leaves (or, under async
+        scheduling, holds its blocks and slot until the next step is scheduled)."""
+        finished = _compute(self.scheduled, index)
+        if self.async_scheduling:
+            self.finishing = finished
+        else:
+            retire(finished, self.running, self.waiting, self.blocks)
+
+
 def run(
     workload: Workload | Iterable[RequestSpec],
     step: StepFunction,
@@ -221,7 +323,8 @@ def run(
             adds the tokens after the step.
         blocks: the block manager the step allocates from; the harness frees finished requests.
         cost: any object with ``step_seconds(prefill_tokens, decode_tokens, kv_tokens_read, attention_pairs)``,
-            and a ``spread_draw`` when its steps scatter (:func:`course.sim.cost.spread_draw`).
+            and a ``spread_draw`` when its steps scatter (:func:`course.sim.cost.spread_draw`); a
+            :class:`course.sim.ServerCost` also passes each request through its front end.
         block_hashes: prompt block hashes per request, for prefix caching.
         max_model_len: the longest prompt + output a request may have (None: no limit).
         watermark_blocks: blocks the step keeps free when admitting (V0's watermark), so that a
@@ -235,110 +338,28 @@ def run(
             function must skip such requests (``request.finished``) as :func:`course.sim.steps.
             continuous_step` does. A scheduling pass that gives nobody tokens while such requests wait
             to be freed takes no time and logs no step. False (default): freed at the end of the step.
-        max_steps: stop with an error after this many steps (a step function that never finishes).
+        max_steps: stop with an error after this many turns of the loop (a step function that never finishes).
 
     Requests that could never run (prompt + output tokens need more blocks than the whole KV cache
     has or than admission may use, or exceed ``max_model_len``) are rejected on arrival
-    (:func:`course.limits.rejection`) and listed in ``rejected``.
+    (:func:`course.limits.rejection`) and listed in ``rejected``. The loop is the simulator's one clock
+    (:func:`course.sim.loop.run`); this ledger keeps the books readable.
     """
-    specs = sorted(workload, key=lambda spec: spec.arrival_time)
-    requests = [SimRequest.from_spec(spec) for spec in specs]
-    if block_hashes is not None:
-        for request, spec in zip(requests, specs):
-            request.block_hashes = block_hashes(spec)
-    result = HarnessRun(requests)
-    limits = (max_model_len, watermark_blocks, max_num_queued_reqs)
-    waiting: deque[SimRequest] = deque()
-    running: list[SimRequest] = []
-    now, arrived = 0.0, 0
-    finishing: list[SimRequest] = []  # async scheduling: finished in the last step, not yet freed
-    front = FrontDoor(front_end_of(cost))
-    draw = spread_draw(cost)  # the step-time spread, drawn by the step's index (None: none)
-    step_start = None  # when the step that just ended started (None after idling): who arrived during it
-    for _ in range(max_steps):
-        if front.active and step_start is not None:  # the front end's work on arrivals took part of the core
-            upcoming = (r.arrival_time for r in itertools.islice(requests, arrived, None))
-            stretched = front.stretch(step_start, now, upcoming)
-            if stretched != now:
-                now = result.log.end[-1] = stretched
-        arrived = _arrive(requests, arrived, now, running, waiting, blocks, limits, result.rejected, front, step_start)
-        if not running and not waiting:
-            if arrived == len(requests) and not front:
-                return result
-            upcoming = [requests[arrived].arrival_time] if arrived < len(requests) else []
-            if front:
-                upcoming.append(front.next_ready())
-            now = max(now, min(upcoming))  # idle: jump to the next arrival, or the next request the front end readies
-            step_start = None
-            continue
-        scheduled, load, queued = _schedule(step, running, waiting, blocks, len(result.log))
-        if async_scheduling and finishing:  # the previous step's output is processed after this schedule
-            retire(finishing, running, waiting, blocks)
-            finishing = []
-            if not scheduled:  # an empty pass: no step runs, no time passes
-                continue
-        if not scheduled:
-            raise RuntimeError(
-                f"the step scheduled nothing at t={now:.6g} s with {len(running)} running and {len(waiting)} "
-                f"waiting requests and {blocks.num_free_blocks} free blocks: the simulation would never end"
-            )
-        seconds = step_time(cost.step_seconds(*load), draw, len(result.log), load[0] > 0)
-        end = now + seconds + front.taken()  # what the front end took from the engine's core
-        result.log.add(now, end, *load, len(scheduled), blocks.num_blocks - blocks.num_free_blocks, queued)
-        step_start, now = now, end
-        finished = _compute(scheduled, len(result.log) - 1)
-        if async_scheduling:
-            finishing = finished
-        else:
-            retire(finished, running, waiting, blocks)
-    raise RuntimeError(f"the simulation did not finish within {max_steps} steps")
+    ledger = ReadableLedger(workload, step, blocks, block_hashes=block_hashes, async_scheduling=async_scheduling)
+    door = loop.Admission(blocks.num_blocks, blocks.block_size, max_model_len, watermark_blocks, max_num_queued_reqs)
+    log = loop.run(ledger, cost, door, front_end_of(cost), max_steps)
+    return HarnessRun(ledger.requests, log, ledger.rejected)
 
 
-def _arrive(
-    requests: list[SimRequest],
-    arrived: int,
-    now: float,
-    running: list[SimRequest],
-    waiting: deque,
-    blocks,
-    limits: tuple[int | None, int, int | None],
-    rejected: list[str],
-    front: FrontDoor | None = None,
-    step_start: float | None = None,
-) -> int:
-    """Queue the requests that arrived by ``now`` (from index ``arrived`` on), rejecting those that could
-    never run and shedding those beyond ``max_num_queued_reqs``; returns the index of the next arrival.
-
-    ``limits``: (``max_model_len``, ``watermark_blocks``, ``max_num_queued_reqs``), as :func:`run` takes them.
-    ``front``: with front-end work per request (:class:`course.sim.frontend.FrontDoor`), an arrival waits
-    there first (a busy one if it came after ``step_start``, during the step that just ended) and
-    the checks happen when it reaches the queue.
-    """
-    max_model_len, watermark_blocks, max_num_queued_reqs = limits
-    arrivals = []
-    while arrived < len(requests) and requests[arrived].arrival_time <= now:
-        arrivals.append(requests[arrived])
-        arrived += 1
-    if front is not None and front.active:
-        for request in arrivals:
-            front.arrive(request, request.arrival_time, step_start is not None and request.arrival_time > step_start)
-        arrivals = front.release(now)
-    for request in arrivals:
-        request.error = rejection(
-            request.prompt_tokens,
-            request.output_tokens,
-            blocks.num_blocks,
-            blocks.block_size,
-            max_model_len,
-            watermark_blocks,
-        )
-        if not request.error and rules.queue_full(len(running) + len(waiting), max_num_queued_reqs):
-            request.error = rules.QUEUE_FULL
-        if request.error:
-            rejected.append(request.request_id)
-        else:
-            waiting.append(request)
-    return arrived
+def run_config(workload: Workload | Iterable[RequestSpec], config: SimConfig, cost, blocks=None) -> HarnessRun:
+    """``config``'s iteration-level scheduler through the readable ledger (:meth:`ReadableLedger.from_config`),
+    under the same clock and door as :func:`course.sim.simulate`; ``blocks``: a block manager of its cache to
+    use instead of a new one (a checked one, say)."""
+    if config.scheduler == "static":
+        raise ValueError("static batching has no step function: its readable version is course.sim.steps.run_static")
+    ledger = ReadableLedger.from_config(workload, config, blocks)
+    log = loop.run(ledger, cost, loop.Admission.from_config(config), front_end_of(cost))
+    return HarnessRun(ledger.requests, log, ledger.rejected)
 
 
 def _schedule(

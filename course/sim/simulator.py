@@ -1,7 +1,8 @@
 """The fast simulator: the policies of :mod:`course.sim.steps`, step by step, with counters.
 
-The loop advances the simulated clock one engine step at a time; between busy periods it jumps to
-the next arrival. What makes it fast is what it does *not* keep:
+:func:`simulate` runs the one clock (:mod:`course.sim.loop`) over a fast ledger: :class:`FastLedger` for
+the iteration-level schedulers (vLLM V1's continuous batching and V0's prefill-first), :class:`StaticLedger`
+for static batching. What makes them fast is what they do *not* keep:
 
 * no object per token: a request is a handful of integers (computed, generated, blocks' capacity),
   and its output tokens are remembered as runs of consecutive steps ``(first, last)``, turned into
@@ -21,14 +22,13 @@ the next arrival. What makes it fast is what it does *not* keep:
 * static batches are closed-form: one prefill and ``O - 1`` decode steps per batch, each request's
   tokens one run of steps.
 
-It produces exactly what the readable reference (``course.sim.harness.run`` driving
-``course.sim.steps``) produces: the tests compare the two on random workloads. Both call the rules of
-:mod:`course.rules` and record their results with the builders of :mod:`course.sim.results`.
+It produces exactly what the readable ledger (:class:`course.sim.harness.ReadableLedger` driving
+``course.sim.steps``) produces under the same clock: the tests compare the two on random workloads. Both call
+the rules of :mod:`course.rules` and record their results with the builders of :mod:`course.sim.results`.
 """
 
 from __future__ import annotations
 
-import bisect
 import gc
 import heapq
 import itertools
@@ -36,12 +36,12 @@ import time
 from collections import deque
 
 from course import rules
-from course.limits import rejection
+from course.sim import loop
 from course.sim.blocks import BlockManager, prompt_block_hashes
 from course.sim.config import SimConfig
-from course.sim.cost import spread_draw, step_time
-from course.sim.frontend import FrontDoor, front_end_of
-from course.sim.results import RequestTable, SimResult, StepLogBuilder, request_table
+from course.sim.frontend import NO_FRONT_END, front_end_of
+from course.sim.loop import ScheduledStep
+from course.sim.results import RequestTable, SimResult, request_table
 from course.units import cdiv
 from course.workload import RequestSpec, Workload
 
@@ -52,7 +52,9 @@ class _FastRequest:
     __slots__ = (
         "spec",
         "request_id",
-        "output",
+        "arrival_time",
+        "prompt_tokens",
+        "output_tokens",
         "num_tokens",
         "computed",
         "generated",
@@ -76,7 +78,9 @@ class _FastRequest:
     def __init__(self, spec: RequestSpec) -> None:
         self.spec = spec
         self.request_id = spec.request_id
-        self.output = spec.output_tokens
+        self.arrival_time = spec.arrival_time
+        self.prompt_tokens = spec.prompt_tokens
+        self.output_tokens = spec.output_tokens
         self.num_tokens = spec.prompt_tokens  # prompt + generated
         self.computed = 0
         self.generated = 0
@@ -93,7 +97,7 @@ class _FastRequest:
         self.error: str | None = None
         self.order = 0  # when it (last) joined the batch: the running list's order, for preemption victims
         # a decode the fast path advances without touching it: its counters are those of the start of step
-        # `sync`, and it has computed one token in every step since (_IterativeRun._fast_running)
+        # `sync`, and it has computed one token in every step since (FastLedger._fast_running)
         self.lazy = False
         self.sync = 0
         self.phase = 0  # it needs a new block in the steps s with (s + phase) % block_size == 0
@@ -125,18 +129,17 @@ def simulate(workload: Workload, config: SimConfig | None = None, cost=None, nam
         raise ValueError("simulate() needs a cost model, e.g. course.sim.RooflineCost(geometry, gpu)")
     config = config or SimConfig()
     requests = [_FastRequest(spec) for spec in sorted(workload, key=lambda spec: spec.arrival_time)]
-    _reject_impossible(requests, config)
     started = time.perf_counter()
     # The run allocates no reference cycles; without this the cyclic collector would walk every live
     # request again and again (a million requests: a third of the run's time).
     collecting = gc.isenabled()
     gc.disable()
     try:
-        if config.scheduler == "static":
-            log = _run_static(requests, config, cost)
+        if config.scheduler == "static":  # a padded batch takes requests as they arrive: no front end modelled
+            ledger, front_end = StaticLedger(requests, config), NO_FRONT_END
         else:
-            log = _run_iterative(requests, config, cost)
-        steps = log.freeze()
+            ledger, front_end = FastLedger(requests, config), front_end_of(cost)
+        steps = loop.run(ledger, cost, loop.Admission.from_config(config), front_end).freeze()
         table = _table(requests)
     finally:
         if collecting:
@@ -148,29 +151,6 @@ def simulate(workload: Workload, config: SimConfig | None = None, cost=None, nam
     return SimResult(label, None, steps, config.num_blocks, config.block_size, settings, wall, columns=table)
 
 
-def _reject_impossible(requests: list[_FastRequest], config: SimConfig) -> None:
-    budget = config.token_budget
-    static = config.scheduler == "static"
-    for r in requests:
-        spec = r.spec
-        total = spec.prompt_tokens + spec.output_tokens
-        r.error = rejection(
-            spec.prompt_tokens,
-            spec.output_tokens,
-            config.num_blocks,
-            config.block_size,
-            config.max_model_len,
-            config.watermark_blocks if config.scheduler == "prefill-first" else 0,
-        )
-        if r.error:
-            continue
-        if not static and not (config.scheduler == "continuous" and config.chunked_prefill) and total - 1 > budget:
-            r.error = (
-                f"rejected: without chunked prefill a (re)computed prompt of up to {total - 1} tokens must fit "
-                f"the step's budget of {budget} tokens"
-            )
-
-
 def _table(requests: list[_FastRequest]) -> RequestTable:
     """The requests' results as columns, made as the readable harness makes them (one builder)."""
     # Close each open run of token steps in place: copying the lists instead costs memory at a million requests
@@ -179,15 +159,10 @@ def _table(requests: list[_FastRequest]) -> RequestTable:
         if r.run_start >= 0:
             r.runs += (r.run_start, r.last_step)
     return request_table(
-        (r.request_id, r.spec.arrival_time, r.spec.prompt_tokens, r.output, r.runs, r.scheduled_steps,
+        (r.request_id, r.arrival_time, r.prompt_tokens, r.output_tokens, r.runs, r.scheduled_steps,
          r.preempted_steps, r.hit_tokens, r.queried_tokens, r.error)
         for r in requests
     )  # fmt: skip
-
-
-def _run_iterative(requests: list[_FastRequest], config: SimConfig, cost) -> StepLogBuilder:
-    """Continuous batching (vLLM V1) and prefill-first (vLLM V0); see course.sim.steps for the rules."""
-    return _IterativeRun(requests, config, cost).run()
 
 
 def _admission_order(r: _FastRequest) -> int:
@@ -198,27 +173,28 @@ def _sample(r: _FastRequest, step: int) -> bool:
     """The step computed all of ``r``'s tokens, so it samples the next one; True when that was the last.
 
     The token is remembered in ``r``'s runs of consecutive steps (see the module docstring).
-    :meth:`_IterativeRun._schedule_running` inlines this: it is the loop the simulator spends its time in.
+    :meth:`FastLedger._schedule_running` inlines this: it is the loop the simulator spends its time in.
     """
     r.generated += 1
     r.num_tokens += 1
     if r.last_step != step - 1:
         r.start_run(step)
     r.last_step = step
-    return r.generated == r.output
+    return r.generated == r.output_tokens
 
 
-class _IterativeRun:
-    """One run of an iteration-level scheduler: the state between steps and one method per phase.
+class FastLedger:
+    """The counters of an iteration-level scheduler's run (vLLM V1, V0), as the clock (:mod:`course.sim.loop`)
+    drives them: the state between steps and one method per phase.
 
-    A step (:meth:`_step`) is: V0 admits whole prompts (:meth:`_admit_whole_prompts`); if it admitted
+    A step (:meth:`schedule`) is: V0 admits whole prompts (:meth:`_admit_whole_prompts`); if it admitted
     nobody, the running requests get their tokens, preempting when blocks run out
     (:meth:`_schedule_running`), and V1 then admits from the queue, cutting prompts to the budget
-    (:meth:`_admit_chunks`); the admitted requests compute their tokens (:meth:`_compute_admitted`);
-    the step is timed and logged, and finished requests leave (:meth:`_retire`).
+    (:meth:`_admit_chunks`); the admitted requests compute their tokens (:meth:`_compute_admitted`).
+    Once the clock has timed and logged it, finished requests leave (:meth:`finish`).
     """
 
-    def __init__(self, requests: list[_FastRequest], config: SimConfig, cost) -> None:
+    def __init__(self, requests: list[_FastRequest], config: SimConfig) -> None:
         self.requests = requests
         self.bs = bs = config.block_size
         self.caching = config.enable_prefix_caching
@@ -233,7 +209,6 @@ class _IterativeRun:
         self.adaptive = config.long_prefill_token_threshold_adaptive
         self.cap = self.threshold  # this step's long-prefill cap (rules.long_prefill_threshold)
         self.reserve_full_isl = config.reserve_full_isl
-        self.max_queued = config.max_num_queued_reqs
         self.chunked = config.chunked_prefill
         self.max_seqs = config.max_num_seqs
         self.watermark = config.watermark_blocks
@@ -244,10 +219,9 @@ class _IterativeRun:
         self.async_scheduling = config.async_scheduling and config.scheduler == "continuous"
         self.finishing: list[_FastRequest] = []
         self.admissions = 0
-        self.step_seconds = cost.step_seconds
-        self.draw = spread_draw(cost)  # the step-time spread, drawn by the step's index (None: none)
-        self.front = FrontDoor(front_end_of(cost))
-        self.log = StepLogBuilder()
+        self.prefilled = False  # the last step admitted (prefilled) requests: module 2's loop decodes next
+        self.finished: list[_FastRequest] = []  # who finished in the step just scheduled
+        self.slow = False  # the step just scheduled took the exact path (the fast path's lists need rebuilding)
         self.waiting: deque[_FastRequest] = deque()
         self.running: list[_FastRequest] = []
         self.step = 0  # index of the step being scheduled
@@ -260,105 +234,87 @@ class _IterativeRun:
         self.held = 0  # blocks the lazy decodes took, held unnamed by the BlockManager
         self.active: list[_FastRequest] = []  # the running requests that are not lazy, in running order
 
-    def run(self) -> StepLogBuilder:
-        """Step until every request has finished (or was rejected); jump over idle time to the next arrival."""
-        requests, waiting, front = self.requests, self.waiting, self.front
-        now, next_arrival, total = 0.0, 0, len(requests)
-        last_step_prefilled = False
-        step_start = None  # when the step that just ended started (None after idling): who arrived during it
-        while True:
-            if front.active:  # the front end reads and tokenizes them first (FrontDoor)
-                if step_start is not None:  # its work on the step's arrivals took part of the core
-                    arrivals = (r.spec.arrival_time for r in itertools.islice(requests, next_arrival, None))
-                    stretched = front.stretch(step_start, now, arrivals)
-                    if stretched != now:
-                        now = self.log.end[-1] = stretched
-                while next_arrival < total and requests[next_arrival].spec.arrival_time <= now:
-                    r = requests[next_arrival]
-                    next_arrival += 1
-                    front.arrive(r, r.spec.arrival_time, step_start is not None and r.spec.arrival_time > step_start)
-                self._queue(front.release(now))
-            else:
-                while next_arrival < total and requests[next_arrival].spec.arrival_time <= now:
-                    self._queue((requests[next_arrival],))
-                    next_arrival += 1
-            if not self.running and not waiting:
-                if self.finishing:  # an empty scheduling pass frees them; no step runs
-                    self._free_finishing()
-                if next_arrival == total and not front:
-                    return self.log
-                upcoming = requests[next_arrival].spec.arrival_time if next_arrival < total else front.next_ready()
-                if front:
-                    upcoming = min(upcoming, front.next_ready())
-                now, step_start = max(now, upcoming), None
-                continue
-            # V0 decodes only when no prompt can start; module 2's loop also right after a prefill step
-            decode_only = self.decode_after_prefill and rules.decode_only(last_step_prefilled, self.running)
-            step_start = now
-            now, last_step_prefilled = self._step(now, decode_only)
+    # --- the ledger, as the clock sees it (course.sim.loop.Ledger) ------------------------------------
 
-    def _queue(self, arrivals) -> None:
-        """Put requests that reached the scheduler in the waiting queue, shedding them when it is full."""
-        for r in arrivals:
-            unfinished = len(self.running) + len(self.finishing) + len(self.waiting)
-            if r.error is None and rules.queue_full(unfinished, self.max_queued):
-                r.error = rules.QUEUE_FULL
-            if r.error is None:
-                self.waiting.append(r)
+    def queue(self, r: _FastRequest) -> None:
+        self.waiting.append(r)
 
-    def _step(self, now: float, decode_only: bool) -> tuple[float, bool]:
-        """Schedule, compute and log the step that starts at ``now``; returns (its end, whether it admitted)."""
+    def reject(self, r: _FastRequest, error: str) -> None:
+        r.error = error
+
+    def unfinished(self) -> int:
+        return len(self.running) + len(self.finishing) + len(self.waiting)
+
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def settle(self) -> None:
+        if self.finishing:  # an empty scheduling pass frees them; no step runs
+            self._free_finishing()
+
+    def schedule(self, index: int, now: float) -> ScheduledStep | None:
+        """Schedule and compute step ``index``; its load, or None for an empty pass (async scheduling)."""
+        self.step = index
         queued = len(self.waiting)
         finished: list[_FastRequest] = []
         # The batch as (request, tokens) for requests admitted from the queue; running requests are
         # computed inside _schedule_running, because that loop is where the simulator spends its time.
         admitted: list[tuple[_FastRequest, int]] = []
-        budget = self.token_budget
-        load = (0, 0, 0, 0, 0)  # prefill tokens, decode tokens, KV tokens read, attention pairs, requests
-        if self.threshold:
-            self.cap = rules.long_prefill_threshold(
-                self.threshold, self.token_budget, len(self.running) + len(self.finishing) + queued, self.adaptive
-            )
-        if self.prefill_first and not decode_only:
-            budget = self._admit_whole_prompts(admitted, budget)
-        fast = slow = False
-        if not admitted:
-            fast = self.fast and self._fast_running(budget, finished)
-            if fast:
-                load, budget = fast
-                preempted = False
-            else:
-                slow = self.fast and self._materialize()
-                load, budget, preempted = self._schedule_running(budget, finished)
-            if not preempted and not self.prefill_first and self.waiting:  # V1 admits only without preemption
-                self._admit_chunks(admitted, budget)
+        load, slow = self._plan(queued, admitted, finished)
         if admitted:
             load = self._compute_admitted(admitted, load, finished)
-        prefill, decode, kv_read, pairs, seqs = load
+        self.prefilled = bool(admitted)
         if self.finishing:  # async: the previous step's output is processed once this one is scheduled
             self._free_finishing()
-            if not seqs:  # an empty pass: no step runs, no time passes
+            if not load[4]:  # an empty pass: no step runs, no time passes
                 if slow:  # the exact path may have preempted active requests: rebuild the fast path's lists
                     self._lazify(self.running)
-                return now, False
-        if not seqs:
+                return None
+        if not load[4]:
             raise RuntimeError(
                 f"the scheduler found nothing to run at t={now:.6g} s ({len(self.running)} running, "
                 f"{len(self.waiting)} waiting, {self.blocks.num_free_blocks} free blocks); "
                 "this is a bug in the simulator"
             )
-        end = now + step_time(
-            self.step_seconds(prefill, decode, kv_read, pairs), self.draw, self.step, prefill > 0
-        )
-        if self.front.active:
-            end += self.front.taken()  # what the front end took from the engine's core (FrontDoor)
-        self.log.add(now, end, prefill, decode, kv_read, pairs, seqs, self.blocks.num_used_blocks, queued)
-        self.step += 1
-        if finished:
-            self._retire(finished)
+        self.finished, self.slow = finished, slow
+        return (*load, self.blocks.num_used_blocks, queued)
+
+    def _plan(self, queued: int, admitted: list, finished: list) -> tuple[tuple, bool]:
+        """Who computes in this step: V0's whole prompts if any can start; else the running requests (in bulk
+        on the fast path when nothing can be preempted or cut) and then, without a preemption, V1's admissions.
+
+        Appends the admitted requests to ``admitted`` and those that finish to ``finished``. Returns (the
+        running requests' load: prefill tokens, decode tokens, KV tokens read, attention pairs, requests;
+        whether the exact path ran while the fast path was on).
+        """
+        budget = self.token_budget
+        if self.threshold:
+            self.cap = rules.long_prefill_threshold(
+                self.threshold, self.token_budget, len(self.running) + len(self.finishing) + queued, self.adaptive
+            )
+        # V0 decodes only when no prompt can start; module 2's loop also right after a prefill step
+        decode_only = self.decode_after_prefill and rules.decode_only(self.prefilled, self.running)
+        if self.prefill_first and not decode_only:
+            budget = self._admit_whole_prompts(admitted, budget)
+            if admitted:
+                return (0, 0, 0, 0, 0), False
+        fast = self.fast and self._fast_running(budget, finished)
+        if fast:
+            (load, budget), preempted, slow = fast, False, False
+        else:
+            slow = self.fast and self._materialize()
+            load, budget, preempted = self._schedule_running(budget, finished)
+        if not preempted and not self.prefill_first and self.waiting:  # V1 admits only without preemption
+            self._admit_chunks(admitted, budget)
+        return load, slow
+
+    def finish(self, index: int) -> None:
+        """Step ``index`` ran: its finished requests leave, and its decodes become lazy for the next one."""
+        self.step = index + 1
+        if self.finished:
+            self._retire(self.finished)
         if self.fast:
-            self._lazify(self.running if slow else self.active)
-        return end, bool(admitted)
+            self._lazify(self.running if self.slow else self.active)
 
     # --- the decode fast path --------------------------------------------------------------------
 
@@ -468,7 +424,7 @@ class _IterativeRun:
         """After a step: the running ``candidates`` that now decode become lazy; the rest stay active."""
         step, bs, active = self.step, self.bs, []
         for r in candidates:
-            if r.generated >= r.output or r.lazy:  # finished (and gone), or lazy already
+            if r.generated >= r.output_tokens or r.lazy:  # finished (and gone), or lazy already
                 continue
             if r.generated and r.num_tokens - r.computed == 1:
                 r.lazy = True
@@ -477,7 +433,7 @@ class _IterativeRun:
                 self.phases[r.phase] += 1
                 self.decoders += 1
                 self.context += r.computed
-                heapq.heappush(self.ends, (step + r.output - r.generated - 1, r.order, r))
+                heapq.heappush(self.ends, (step + r.output_tokens - r.generated - 1, r.order, r))
             else:
                 active.append(r)
         self.active = active
@@ -625,7 +581,7 @@ class _IterativeRun:
                 if r.last_step != previous_step:
                     r.start_run(step)
                 r.last_step = step
-                if generated == r.output:
+                if generated == r.output_tokens:
                     finished.append(r)
         return (prefill, decode, kv_read, pairs, seqs), budget, preempted
 
@@ -691,33 +647,66 @@ class _IterativeRun:
             for r in finished:
                 self.running.remove(r)
         else:  # a request has finished when it generated all its tokens (a lazy decode's count lags: not finished)
-            self.running = [r for r in self.running if r.generated < r.output]
+            self.running = [r for r in self.running if r.generated < r.output_tokens]
 
 
-def _run_static(requests: list[_FastRequest], config: SimConfig, cost) -> StepLogBuilder:
-    """Padded batches of up to ``max_num_seqs`` requests run to completion (see steps.run_static)."""
-    bs, batch_size, num_blocks = config.block_size, config.max_num_seqs, config.num_blocks
-    log = StepLogBuilder()
-    live = [r for r in requests if r.error is None]
-    specs = [r.spec for r in live]
-    arrivals = [spec.arrival_time for spec in specs]
-    now, step, index = 0.0, 0, 0
-    draw = spread_draw(cost)
-    while index < len(live):
-        now = max(now, arrivals[index])
-        end, longest_prompt, longest_output = rules.static_batch(specs, index, now, batch_size, num_blocks, bs)
-        batch, index = live[index:end], end
-        size = len(batch)
-        used = size * cdiv(longest_prompt + longest_output, bs)
-        queued = bisect.bisect_right(arrivals, now) - index
-        first = step
-        for r in batch:
-            r.scheduled_steps.append(step)
-            r.run_start, r.last_step = step, step + r.output - 1
-            r.generated = r.output
-        for load in rules.static_batch_loads(size, longest_prompt, longest_output):
-            end = now + step_time(cost.step_seconds(*load), draw, step, load[0] > 0)
-            log.add(now, end, *load, size, used, queued)
-            now, step = end, step + 1
-        assert step == first + longest_output
-    return log
+class StaticLedger:
+    """Static batching's books (see :func:`course.sim.steps.run_static`), closed-form: padded batches of up to
+    ``max_num_seqs`` requests run to completion, and each request's tokens are one run of the batch's steps.
+
+    When the engine is idle it takes the requests that have arrived (:func:`course.rules.static_batch`); the
+    batch then runs one prefill and ``O - 1`` decode steps (:func:`course.rules.static_batch_loads`), and
+    nobody joins until it ends.
+    """
+
+    def __init__(self, requests: list[_FastRequest], config: SimConfig) -> None:
+        self.requests = requests
+        self.block_size, self.batch_size, self.num_blocks = config.block_size, config.max_num_seqs, config.num_blocks
+        self.waiting: deque[_FastRequest] = deque()
+        self.size = 0  # requests in the batch that runs (0: none)
+        self.steps_left = 0
+        self.loads = iter(())  # the batch's steps' loads, the next one first
+        self.used = 0  # KV blocks the batch reserved
+        self.queued = 0  # requests that waited when the batch formed (none joins until it ends)
+
+    def queue(self, r: _FastRequest) -> None:
+        self.waiting.append(r)
+
+    def reject(self, r: _FastRequest, error: str) -> None:
+        r.error = error
+
+    def unfinished(self) -> int:
+        return self.size + len(self.waiting)
+
+    def busy(self) -> bool:
+        return bool(self.size or self.waiting)
+
+    def settle(self) -> None:
+        pass
+
+    def schedule(self, index: int, now: float) -> ScheduledStep:
+        """The next step of the batch that runs, forming one from the waiting requests first if none does."""
+        if not self.size:
+            self._form(index)
+        return (*next(self.loads), self.size, self.used, self.queued)
+
+    def finish(self, index: int) -> None:
+        self.steps_left -= 1
+        if not self.steps_left:
+            self.size = 0
+
+    def _form(self, index: int) -> None:
+        """The batch that forms at step ``index``: its requests get their token steps and the batch its loads."""
+        head = list(itertools.islice(self.waiting, self.batch_size))  # every waiting request has arrived
+        end, longest_prompt, longest_output = rules.static_batch(
+            head, 0, float("inf"), self.batch_size, self.num_blocks, self.block_size
+        )
+        self.queued = len(self.waiting) - end
+        for _ in range(end):
+            r = self.waiting.popleft()
+            r.scheduled_steps.append(index)
+            r.run_start, r.last_step = index, index + r.output_tokens - 1
+            r.generated = r.output_tokens
+        self.size, self.steps_left = end, longest_output
+        self.used = end * cdiv(longest_prompt + longest_output, self.block_size)
+        self.loads = rules.static_batch_loads(end, longest_prompt, longest_output)

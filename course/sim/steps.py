@@ -35,15 +35,20 @@ who is preempted, what a step costs) is a function of :mod:`course.rules` that b
 
 from __future__ import annotations
 
+import functools
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from course import rules
 from course.limits import rejection
+from course.sim.config import SimConfig
 from course.sim.cost import spread_draw, step_time
-from course.sim.harness import SimRequest
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
+
+if TYPE_CHECKING:  # the harness drives these steps and imports this module; they only name its request
+    from course.sim.harness import SimRequest
 
 
 def preempt(request: SimRequest, waiting: deque, blocks) -> None:
@@ -219,6 +224,27 @@ class PrefillThenDecode:
         )
         self.prefilled = any(id(request) in was_waiting for request, _ in scheduled)
         return scheduled
+
+
+def step_function(config: SimConfig) -> Callable[[list, deque, object], list]:
+    """The step function of ``config``'s iteration-level scheduler, with every setting it has (the readable
+    ledger's, :meth:`course.sim.harness.ReadableLedger.from_config`)."""
+    limits = {"token_budget": config.token_budget, "max_num_seqs": config.max_num_seqs}
+    if config.scheduler == "continuous":
+        return functools.partial(
+            continuous_step,
+            **limits,
+            chunked_prefill=config.chunked_prefill,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            long_prefill_token_threshold_adaptive=config.long_prefill_token_threshold_adaptive,
+            reserve_full_isl=config.reserve_full_isl,
+            watermark_blocks=config.watermark_blocks,
+        )
+    if config.scheduler == "prefill-first" and config.decode_after_prefill:
+        return PrefillThenDecode(config.token_budget, config.max_num_seqs, config.watermark_blocks)
+    if config.scheduler == "prefill-first":
+        return functools.partial(prefill_first_step, **limits, watermark_blocks=config.watermark_blocks)
+    raise ValueError(f"{config.scheduler!r} has no step function; static batching is run_static")
 
 
 def run_static(

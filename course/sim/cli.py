@@ -242,17 +242,7 @@ def settings_from(args: argparse.Namespace) -> dict:
     settings = {key: dict(value) for key, value in DEFAULTS.items()}
     settings["scheduler"] = {}
     if args.config:
-        data = read_config_file(args.config)
-        for section in ("workload", "cost", "slo", "fleet"):
-            given = data.pop(section, {})
-            unknown = set(given) - set(DEFAULTS[section])
-            if unknown:
-                raise ValueError(f"{args.config}: unknown [{section}] settings {sorted(unknown)}")
-            settings[section].update(given)
-        for key in ("kv_gib", "vllm"):
-            if key in data:
-                settings["scheduler"][key] = data.pop(key)
-        settings["scheduler"].update(data)
+        _merge_config_file(settings, args.config)
     flags = vars(args)
     for section in ("workload", "cost", "slo", "fleet"):
         for key in DEFAULTS[section]:
@@ -262,6 +252,22 @@ def settings_from(args: argparse.Namespace) -> dict:
         if flags.get(key) is not None:
             settings["scheduler"][key] = flags[key]
     return settings
+
+
+def _merge_config_file(settings: dict, path: str) -> None:
+    """A config file's tables over ``settings``: its [workload], [cost], [slo] and [fleet] tables (known keys
+    only), and every top-level key a scheduler setting."""
+    data = read_config_file(path)
+    for section in ("workload", "cost", "slo", "fleet"):
+        given = data.pop(section, {})
+        unknown = set(given) - set(DEFAULTS[section])
+        if unknown:
+            raise ValueError(f"{path}: unknown [{section}] settings {sorted(unknown)}")
+        settings[section].update(given)
+    for key in ("kv_gib", "vllm"):
+        if key in data:
+            settings["scheduler"][key] = data.pop(key)
+    settings["scheduler"].update(data)
 
 
 def workload_from(w: dict) -> workload.Workload:

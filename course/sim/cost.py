@@ -181,14 +181,21 @@ class RooflineCost:
         weights = self.weight_bytes if tokens is None else self.weight_bytes_read(tokens)
         return weights + self.kv_bytes_per_token * kv_tokens_read
 
+    @functools.cached_property
+    def reached_flops(self) -> float:
+        """FLOP/s the step's kernels reach: the peak times ``flops_efficiency``."""
+        return self.hardware.flops * self.flops_efficiency
+
+    @functools.cached_property
+    def reached_bandwidth(self) -> float:
+        """Bytes/s the step's kernels reach: the peak times ``bandwidth_efficiency``."""
+        return self.hardware.bandwidth * self.bandwidth_efficiency
+
     def step_seconds(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens_read: int, attention_pairs: float = 0.0
     ) -> float:
-        compute = self.flops(prefill_tokens, decode_tokens, attention_pairs) / (
-            self.hardware.flops * self.flops_efficiency
-        )
-        tokens = prefill_tokens + decode_tokens
-        memory = self.bytes_moved(kv_tokens_read, tokens) / (self.hardware.bandwidth * self.bandwidth_efficiency)
+        compute = self.flops(prefill_tokens, decode_tokens, attention_pairs) / self.reached_flops
+        memory = self.bytes_moved(kv_tokens_read, prefill_tokens + decode_tokens) / self.reached_bandwidth
         return self.step_overhead + max(compute, memory)
 
     def describe(self) -> str:

@@ -96,11 +96,16 @@ from course.capacity import (
     settled_prefill_counters,
 )
 from course.sim import FrontEnd, ServerCost, SimConfig, StepSample, simulate
-from course.sim.calibration import fit, fit_spread
+from course.sim.calibration import fit, fit_spread, run_weights
 from course.trace import load_traces, save_traces
 from course.workload import all_at_once, from_traces
 
 TARGETS = {"p50": 0.10, "p95": 0.20}
+# Where a request's cost outside the forward pass goes (--front-end): "step" (on the engine's core, partly paid by the
+# step that prefills it: the course's server), "latency" (off the steps: a front end in another process, on a core of
+# its own), "queue" (before the engine, one request at a time, on the engine's core: vLLM's API server pinned beside
+# its engine core, whose requests queue for it and whose work takes the core from the steps).
+FRONT_ENDS = ("step", "latency", "queue")
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
 VLLM_START_TIMEOUT_S = 600  # torch.compile on a busy 2-core machine
@@ -537,6 +542,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--before-engine-share", type=float,
                         help="the share of the course server's front-end time before its engine sees a request "
                              "(default: as the calibration measured it; 0 for folders kept without it)")  # fmt: skip
+    parser.add_argument("--front-end", choices=FRONT_ENDS,
+                        help="where a request's cost outside the forward pass goes (course: step, vllm: latency; "
+                             "queue: one request at a time before the engine, on the engine's core)")  # fmt: skip
+    parser.add_argument("--where-the-run-lives", action="store_true",
+                        help="fit the step line again with each microbenchmark weighted by the simulated run's time "
+                             "in steps like it (course.sim.calibration.run_weights)")  # fmt: skip
     parser.add_argument("--no-repeat", dest="repeat", action="store_false",
                         help="do not send the run's requests again at the end (the server against itself)")  # fmt: skip
     parser.add_argument("--keep", help="keep the trace files in this folder")
@@ -567,9 +578,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.before_engine_share is not None:
         if not 0 <= args.before_engine_share <= 1:
             parser.error(f"--before-engine-share is a fraction from 0 to 1, got {args.before_engine_share}")
-        if args.engine == "vllm" and args.before_engine_share:
-            parser.error("--before-engine-share is the course's server's: vLLM's front end is another process, "
-                         "fitted as a latency off the steps")  # fmt: skip
+        if args.engine == "vllm" and args.before_engine_share and args.front_end != "queue":
+            parser.error("--before-engine-share splits the front end of the course's server or of --front-end "
+                         "queue: vLLM's front end is another process, by default a latency off the steps")  # fmt: skip
     return args
 
 
@@ -590,7 +601,7 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = sim_config(args)
-    front_end = "step" if args.engine == "course" else "latency"
+    front_end = args.front_end or ("step" if args.engine == "course" else "latency")
     if args.replay:
         args.rounds = args.rounds or kept_rounds(Path(args.replay))
         return report(args, config, front_end, *replayed(Path(args.replay), args.rounds))
@@ -862,9 +873,11 @@ def pass_means(passes: list[dict[str, list]]) -> dict[int, float]:
                                    if counted.get(str(size), [0])[0]) for size in sizes}  # fmt: skip
 
 
-def fitted_cost(args: argparse.Namespace, front_end: str, samples: list[StepSample], facts: dict) -> ServerCost:
+def fitted_cost(args: argparse.Namespace, front_end: str, samples: list[StepSample], facts: dict,
+                weights: list[float] | None = None) -> ServerCost:  # fmt: skip
     """The cost fitted to the calibration: with the share of the front end's work before the engine
-    (``--before-engine-share``, else as the calibration measured it, else none).
+    (``--before-engine-share``, else as the calibration measured it, else none; all of it for a "queue" front
+    end, which is then serial). ``weights``: the samples' (:func:`course.sim.calibration.run_weights`).
 
     Where the server counted its prefill passes in every calibration prefill (the course's), the steps
     and the front end are fitted apart: the line to the decode samples and the passes themselves, the
@@ -872,20 +885,21 @@ def fitted_cost(args: argparse.Namespace, front_end: str, samples: list[StepSamp
     tells the front end from the steps as the per-prompt term beside the decodes' intercept."""
     share = args.before_engine_share
     if share is None:
-        share = facts.get("before_engine_share", 0.0) if front_end == "step" else 0.0
+        share = {"step": facts.get("before_engine_share", 0.0), "queue": 1.0}.get(front_end, 0.0)
     wake = facts.get("idle_wake") or 0.0  # a request that finds the server idle waits for it to wake up
     split = None
     if front_end == "step" and facts.get("calibration_passes"):
-        split = front_end_with_passes(samples, pass_means(facts["calibration_passes"]), share, args.seed)
+        split = front_end_with_passes(samples, pass_means(facts["calibration_passes"]), share, args.seed, weights)
     if split is None:
-        split = fit(samples, front_end=front_end, seed=args.seed, before_engine_share=share)
-    cost = split.replace(idle_wake=wake)
+        split = fit(samples, front_end="latency" if front_end == "latency" else "step", seed=args.seed,
+                    before_engine_share=share, weights=weights)  # fmt: skip
+    cost = split.replace(idle_wake=wake, serial=front_end == "queue")
     slowdowns = front_end_slowdowns(facts.get("beside_stream", []), cost, sim_config(args))
     return cost.replace(slowdown=statistics.median(slowdowns)) if slowdowns else cost
 
 
-def front_end_with_passes(samples: list[StepSample], passes: dict[int, float], share: float,
-                          seed: int) -> ServerCost | None:  # fmt: skip
+def front_end_with_passes(samples: list[StepSample], passes: dict[int, float], share: float, seed: int,
+                          weights: list[float] | None = None) -> ServerCost | None:  # fmt: skip
     """The line fitted to the decode samples and the server's own prefill passes (``passes``: prompt
     tokens -> mean pass, s), and the front end as what each prefill sample's TTFT spends outside its
     pass, averaged over the prompt sizes (``share`` of it before the engine). The spreads are the
@@ -901,7 +915,7 @@ def front_end_with_passes(samples: list[StepSample], passes: dict[int, float], s
     if outside <= 0:
         return None
     steps = [dataclasses.replace(s, seconds=passes[s.prefill_tokens]) if s.prefill_tokens else s for s in samples]
-    line = fit(steps, front_end="none", spread=False, seed=seed).step
+    line = fit(steps, front_end="none", spread=False, seed=seed, weights=weights).step
     return ServerCost(dataclasses.replace(line, e=outside * (1 - share),
                                           spread=fit_spread([s for s in samples if not s.prefill_tokens]),
                                           prefill_spread=fit_spread(prefills)),
@@ -915,8 +929,16 @@ def report(
     """Fit the cost to the calibration, replay the run through the simulator, print the errors."""
     rate, capacity = facts["rate"], facts["capacity"]
     samples = merge_rounds(rounds)
+    replay = from_traces(measured, name="the measured run")
     cost = fitted_cost(args, front_end, samples, facts)
     line = fit(samples, front_end="none", spread=False, shape=False)
+    if args.where_the_run_lives:  # the line again, each sample weighted by the simulated run's time in steps like it
+        weights = run_weights(samples, simulate(replay, config, cost).steps)
+        cost = fitted_cost(args, front_end, samples, facts, weights)
+        print(
+            "\nfitted where the run lives (each microbenchmark weighted by the simulated run's time in steps like "
+            f"it: {', '.join(f'{_named(s)} {w:.2g}' for s, w in zip(samples, weights) if w > 0.1)}; the rest 0.1)"
+        )
     print(f"\nfitted {cost.describe()}")
     passes = pass_means(facts.get("calibration_passes", []))
     if front_end == "step" and front_end_with_passes(samples, passes, 0.0, args.seed) is not None:
@@ -936,7 +958,6 @@ def report(
               "the round's lone prefills)")  # fmt: skip
     print(f"the plain four-term line: {line.describe()}")
 
-    replay = from_traces(measured, name="the measured run")
     simulated = simulate(replay, config, cost)
     real = metrics.summarize(measured)
     model = metrics.summarize(cost.delivered(simulated.traces))
@@ -1011,8 +1032,10 @@ def explain_vllm(breakdown: dict[str, float], real, model, cost: ServerCost, mis
                    "and per-token work waits for steps, and the simulator has no such queue" if front > 1.2 * fitted
                    else f"that part is as fitted, so the miss is the engine core's queue ({queue:.2f} ms) "
                    f"and prefill ({prefill:.2f} ms)")  # fmt: skip
-            print(f"  {name}: the front end (HTTP, serving layer, hand-off to the engine core and back) took "
-                  f"{front:.2f} ms per request in the run against {fitted:.2f} ms fitted one request at a time; {why}")
+            print(
+                f"  {name}: the front end (HTTP, serving layer, hand-off to the engine core and back) took "
+                f"{front:.2f} ms per request in the run against {fitted:.2f} ms fitted one request at a time; {why}"
+            )
         elif name.startswith("itl") and "inter_token_latency_seconds" in ms:
             inside = ms["inter_token_latency_seconds"]
             engine = inside / (model.itl["mean"] * 1e3) - 1  # vLLM's steps against the simulated ones

@@ -650,3 +650,46 @@ def test_the_roofline_cost_counts_attention_flops_only_in_the_layers_that_attend
     dense = kv.get_model("Llama-3-8B")  # every layer attends: the same count as before
     dense_cost = RooflineCost(dense, h100)
     assert dense_cost.attention_flops_per_pair == 4.0 * dense.num_layers * dense.num_query_heads * dense.head_dim
+
+
+def test_a_serial_front_end_takes_one_request_at_a_time_in_both_engines():
+    # 10 ms steps, 4 ms of front-end work per request; three requests arrive at once at an idle server.
+    # A front end per request readies all three at 4 ms; one thread (vLLM's API server) readies them at 4, 8 and 12 ms.
+    from helpers import reference
+
+    work = Workload([RequestSpec(name, 0.0, 8, 2) for name in "abc"])
+    config = SimConfig(max_num_seqs=4, num_blocks=100)
+    parallel = ServerCost(STEP_10MS, FrontEnd(before_engine=0.004))
+    serial = parallel.replace(serial=True)
+    assert [t.chunk_times[0] for t in simulate(work, config, parallel).traces] == pytest.approx([0.014] * 3)
+    queued = simulate(work, config, serial).traces
+    # a is prefilled alone from 4 ms; b and c were ready (8, 12 ms) before its step ended and join the next one
+    assert [t.chunk_times[0] for t in queued] == pytest.approx([0.014, 0.024, 0.024])
+    assert [t.chunk_times for t in queued] == [t.chunk_times for t in reference(work, config, serial)[0]]
+    assert "one request at a time" in serial.describe() and "one request at a time" not in parallel.describe()
+
+
+def test_a_line_fitted_where_the_run_lives_predicts_the_runs_steps():
+    # A server whose decode step grows faster than a line in the batch: the line through waves of 1 to 16 rows
+    # misses the 4-row steps a run spends its time in; weighted by that run's steps, it does not.
+    from course.sim.calibration import run_weights
+    from course.sim.results import StepLog
+
+    def truth(prefill: int, rows: int, kv: int) -> float:
+        return 2e-3 + 4e-5 * prefill + 1e-4 * rows + 3e-5 * rows * rows + 2e-8 * kv
+
+    waves = [(rows, context) for rows in (1, 2, 4, 16) for context in (32, 256)]
+    samples = [StepSample(n, 0, 0, truth(n, 0, 0)) for n in PROMPTS]
+    samples += [StepSample(0, rows, rows * context, truth(0, rows, rows * context)) for rows, context in waves]
+    n = 200  # the run: 190 decode steps of 4 rows reading 100 tokens each, 10 prefills of 128 tokens
+    prefill, rows, kv = [128] * 10 + [0] * (n - 10), [0] * 10 + [4] * (n - 10), [0] * 10 + [400] * (n - 10)
+    ends = np.cumsum([truth(p, d, k) for p, d, k in zip(prefill, rows, kv)])
+    run = StepLog.from_columns(np.r_[0.0, ends[:-1]], ends, prefill, rows, kv, [0] * n, [4] * n, [0] * n, [0] * n)
+    weights = run_weights(samples, run)
+    assert weights[samples.index(StepSample(0, 4, 4 * 256, truth(0, 4, 4 * 256)))] > 5, "the run's nearest wave"
+    assert min(weights) == pytest.approx(0.1), "the waves the run never visits keep the floor"
+    everywhere = fit(samples).step.expected_seconds(0, 4, 400) / truth(0, 4, 400) - 1
+    where = fit(samples, weights=weights).step.expected_seconds(0, 4, 400) / truth(0, 4, 400) - 1
+    assert abs(where) < abs(everywhere) / 3, (everywhere, where)
+    with pytest.raises(ValueError, match="one positive number per sample"):
+        fit(samples, weights=[1.0])

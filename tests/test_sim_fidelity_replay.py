@@ -328,3 +328,19 @@ def test_a_replay_takes_the_rounds_slowdown_from_the_microbenchmark_its_folder_k
     out = capsys.readouterr().out
     assert f"beside a step that work takes {fitted.front_end.slowdown:.3g}x as long: the median of the rounds'" in out
     assert isinstance(fitted, ServerCost)
+
+
+def test_a_replay_fits_a_queued_front_end_and_the_line_where_the_run_lives(tmp_path, capsys):
+    # vLLM's API server pinned beside its engine core: one request at a time before the engine, on the engine's core;
+    # and the step line fitted again with the microbenchmarks weighted by the simulated run's time in steps like them
+    keep_a_run(tmp_path)
+    args = ["--replay", str(tmp_path), "--engine", "vllm", "--front-end", "queue", "--where-the-run-lives"]
+    assert sim_fidelity.main(args) == 0
+    out = capsys.readouterr().out
+    assert "fitted where the run lives" in out and "one request at a time (requests queue for it)" in out
+    assert "ms of front-end work before the engine sees a request" in out
+    parsed = sim_fidelity.parse_args(["--engine", "vllm", "--front-end", "queue", "--before-engine-share", "0.5"])
+    assert parsed.before_engine_share == 0.5
+    rounds, _, facts = sim_fidelity.replayed(tmp_path, 1)
+    queued = sim_fidelity.fitted_cost(parsed, "queue", sim_fidelity.merge_rounds(rounds), facts)
+    assert queued.front_end.serial and queued.front_end.before_engine > 0 and queued.front_end.latency == 0

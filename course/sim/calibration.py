@@ -12,6 +12,10 @@ way the result is a list of :class:`course.sim.cost.StepSample`, and :func:`fit`
 4. :func:`split_front_end`: the per-prompt term split between the step (``e``) and the front end
    (``before_engine`` or a ``latency`` off the steps);
 5. :func:`fit_spread`: the step-time spread from the samples' single measurements.
+
+A line fitted to every microbenchmark alike is a compromise over all of them; a run spends its time in a few
+of them (its batch sizes, its contexts). :func:`run_weights` weighs each sample by the share of a simulated
+run's time spent in steps like it, so that a second fit puts the line where the run lives.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ def fit(
     seed: int = 0,
     before_engine_share: float = 0.0,
     shape: bool = True,
+    weights: Sequence[float] | None = None,
 ) -> ServerCost:
     """Least-squares fit with every coefficient >= 0, and the spread of the samples' deviations.
 
@@ -80,14 +85,19 @@ def fit(
 
     ``spread=True`` with samples that carry ``deviations``: :func:`fit_spread` over the decode
     samples and over the prefill samples gives ``spread`` and ``prefill_spread``.
+
+    ``weights``: one per sample, how much its error counts (on top of ``relative``): :func:`run_weights`
+    puts the line where a run spends its time. None: every sample alike.
     """
     _check(samples, front_end, before_engine_share)
     x = design_matrix(samples)
     y = np.array([s.seconds for s in samples], dtype=float)
     if np.any(y <= 0):
         raise ValueError("measured step times must be positive")
-    weights = 1.0 / y if relative else np.ones_like(y)
-    coefficients = nonnegative_least_squares(x * weights[:, None], y * weights,
+    rows = 1.0 / y if relative else np.ones_like(y)
+    if weights is not None:
+        rows = rows * _checked_weights(weights, len(samples))
+    coefficients = nonnegative_least_squares(x * rows[:, None], y * rows,
                                              usable_terms(samples, x, front_end, shape))  # fmt: skip
     a, b, c, d, per_prompt, f, g = (float(v) for v in coefficients)
     e, front = split_front_end(per_prompt, front_end, before_engine_share)
@@ -110,6 +120,13 @@ def _check(samples: Sequence[StepSample], front_end: str, before_engine_share: f
         )
     if len(samples) < 2:
         raise ValueError(f"fitting a linear cost needs at least 2 measured steps, got {len(samples)}")
+
+
+def _checked_weights(weights: Sequence[float], count: int) -> np.ndarray:
+    array = np.asarray(weights, dtype=float)
+    if array.shape != (count,) or not np.all(np.isfinite(array)) or np.any(array <= 0):
+        raise ValueError(f"weights: one positive number per sample ({count}), got {list(weights)!r}")
+    return array
 
 
 def design_matrix(samples: Sequence[StepSample]) -> np.ndarray:
@@ -177,6 +194,39 @@ def split_front_end(per_prompt: float, front_end: str, before_engine_share: floa
     if front_end == "latency":
         return 0.0, FrontEnd(latency=per_prompt)
     return per_prompt * (1.0 - before_engine_share), FrontEnd(before_engine=per_prompt * before_engine_share)
+
+
+def run_weights(samples: Sequence[StepSample], steps, floor: float = 0.1) -> list[float]:
+    """One weight per sample: the share of a run's busy time spent in steps like it (for :func:`fit`'s ``weights``).
+
+    ``steps``: the run's :class:`course.sim.results.StepLog` (a simulation of it: its arrivals and token counts
+    are known before it runs). Each decode step goes to the decode sample nearest it in batch size and in
+    context per request (on a log scale: 2 and 4 are as far apart as 8 and 16), each step that prefills to the
+    prefill sample nearest its prompt tokens; a sample's weight is the time of the steps it got over the
+    mean, at least ``floor`` (every term of the line still needs its samples to be told apart).
+    """
+    kinds = [_kind(s.prefill_tokens, s.decode_tokens, s.kv_tokens_read) for s in samples]
+    times = np.zeros(len(samples))
+    durations = steps.end - steps.start
+    for index in range(len(steps)):
+        step = _kind(steps.prefill_tokens[index], steps.decode_tokens[index], steps.kv_tokens_read[index])
+        near = [j for j, kind in enumerate(kinds) if kind[0] == step[0]]
+        if near:
+            times[min(near, key=lambda j: _distance(kinds[j], step))] += durations[index]
+    mean = times.mean() if times.any() else 1.0
+    return [float(max(share / mean, floor)) for share in times]
+
+
+def _kind(prefill: float, decode: float, kv_read: float) -> tuple[bool, float, float]:
+    """(whether the step prefills, log2 of its size: prompt tokens or decode rows, log2 of the context per row)."""
+    if prefill > 0:
+        return True, float(np.log2(prefill)), 0.0
+    rows = max(float(decode), 1.0)
+    return False, float(np.log2(rows)), float(np.log2(max(kv_read / rows, 1.0)))
+
+
+def _distance(a: tuple[bool, float, float], b: tuple[bool, float, float]) -> float:
+    return abs(a[1] - b[1]) + abs(a[2] - b[2])
 
 
 def fit_spread(samples: Sequence[StepSample], probabilities: Sequence[float] = SPREAD_PROBABILITIES) -> tuple:

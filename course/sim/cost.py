@@ -436,14 +436,13 @@ class LinearCost:
         return text
 
     @classmethod
-    def fit(cls, samples: Sequence[StepSample], relative: bool = True, front_end: str = "step", spread: bool = True,
-            seed: int = 0, before_engine_share: float = 0.0, shape: bool = True) -> ServerCost:  # fmt: skip
-        """The line and the front end fitted to measured steps: :func:`course.sim.calibration.fit` (the
-        same arguments), which returns a :class:`ServerCost` (this line, with the front end beside it)."""
+    def fit(cls, samples: Sequence[StepSample], **options) -> ServerCost:
+        """The line and the front end fitted to measured steps: :func:`course.sim.calibration.fit`, with its
+        options (``relative``, ``front_end``, ``spread``, ``seed``, ``before_engine_share``, ``shape``,
+        ``weights``). Returns a :class:`ServerCost`: this line, with the front end beside it."""
         from course.sim import calibration  # calibration builds on this module
 
-        return calibration.fit(samples, relative=relative, front_end=front_end, spread=spread, seed=seed,
-                               before_engine_share=before_engine_share, shape=shape)  # fmt: skip
+        return calibration.fit(samples, **options)
 
 
 def _quantiles(name: str, values: Sequence[float]) -> tuple[float, ...]:

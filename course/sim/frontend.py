@@ -9,8 +9,9 @@ holds it:
 * :class:`FrontEnd`, the record: ``before_engine`` seconds of work before the engine can schedule a
   request, on the engine's core (module 2's server: its event loop and tokenizer thread share the
   engine's core); a ``latency`` off the engine's steps (vLLM's API server, another process); the
-  ``idle_wake`` a request waits more when it finds the whole server idle; and the ``slowdown`` of the
-  front end's work while a step runs beside it on the same core.
+  ``idle_wake`` a request waits more when it finds the whole server idle; the ``slowdown`` of the
+  front end's work while a step runs beside it on the same core; and whether the front end is ``serial``
+  (one thread, vLLM's API server: requests queue for it) or works on each request at once.
 * :class:`FrontDoor`, what the simulation loop (:mod:`course.sim.loop`) asks while it runs: which
   requests are ready for the scheduler's queue, and how much of the core their work took from the steps.
 """
@@ -51,12 +52,18 @@ class FrontEnd:
             runs (2: the front end and the engine share the core evenly; more where the engine keeps the
             core, or Python's GIL, for longer stretches). Measured as lone prefills that arrive while one
             request decodes (``benchmarks/sim_fidelity.py``).
+        serial: the front end works on one request at a time, in the order they arrive, so under load a
+            request waits for the work on those before it: a queue (vLLM's API server is one process with
+            one event loop; pinned to the engine core's core it also shares that core with the steps).
+            False: each request's work starts when it arrives (module 2's server hands each request to a
+            tokenizer thread of its own).
     """
 
     before_engine: float = 0.0
     latency: float = 0.0
     idle_wake: float = 0.0
     slowdown: float = SHARED_CORE_SLOWDOWN
+    serial: bool = False
 
     def __post_init__(self) -> None:
         for name in ("before_engine", "latency", "idle_wake"):
@@ -90,6 +97,8 @@ class FrontEnd:
             text += f"; {self.idle_wake * 1e3:.3g} ms to wake an idle server"
         if self.before_engine and self.slowdown != SHARED_CORE_SLOWDOWN:
             text += f"; that work {self.slowdown:.3g}x as long beside a step"
+        if self.before_engine and self.serial:
+            text += "; one request at a time (requests queue for it)"
         return text
 
 
@@ -109,13 +118,15 @@ class FrontDoor:
     ``front_end.slowdown`` times longer and the step loses the work's length (:meth:`stretch`); one that
     arrives while the engine idles has the core to itself. A request that finds the whole server idle
     (no step running, nothing at the front door) waits ``front_end.idle_wake`` more for the machine to
-    wake up.
+    wake up. A ``serial`` front end starts a request's work only once the one before it is done.
     """
 
     def __init__(self, front_end: FrontEnd = NO_FRONT_END) -> None:
         self.seconds = front_end.before_engine
         self.wake = front_end.idle_wake
         self.slowdown = front_end.slowdown
+        self.serial = front_end.serial
+        self._free_at = 0.0  # a serial front end: when it is done with the requests it has taken (s)
         self._heap: list[tuple[float, int, object]] = []
         self._arrivals = 0  # tie-break: among requests ready at once, the earlier arrival goes first
         self._taken = 0.0  # seconds of the core the front end takes from the next step
@@ -130,7 +141,11 @@ class FrontDoor:
         work = self.seconds * (self.slowdown if busy else 1.0)
         if not busy and not self._heap:  # nothing running anywhere: the machine wakes up first
             work += self.wake
-        heapq.heappush(self._heap, (arrival_time + work, self._arrivals, request))
+        if self.serial:  # it starts once the requests before it are done
+            ready = self._free_at = max(arrival_time, self._free_at) + work
+        else:
+            ready = arrival_time + work
+        heapq.heappush(self._heap, (ready, self._arrivals, request))
         self._arrivals += 1
 
     def stretch(self, start: float, end: float, arrival_times: Iterable[float]) -> float:

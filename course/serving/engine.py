@@ -39,6 +39,8 @@ The pieces, split as nano-vllm splits its engine (``engine/{scheduler,sequence,m
   the ``transformers`` model's own forward pass);
 * :mod:`course.serving.prefix_cache`: the keys and values of full prompt blocks, hashed as vLLM
   hashes them, for requests that start with a prompt prefix seen before;
+* :mod:`course.serving.memory`: gives the C allocator's free memory back to the system, which the
+  tensors of ever new sizes that the steps free would otherwise keep growing;
 * this module: the loop that ties them to the model (prefill, decode, finishing requests).
 
 **Prefix caching** (``prefix_cache_bytes > 0``; off by default, where vLLM V1 turns it on: the course's
@@ -67,6 +69,7 @@ from typing import Any
 from course.models import LanguageModel
 from course.serving.batch_cache import BatchCache
 from course.serving.engine_client import checked_prompt
+from course.serving.memory import HeapTrimmer
 from course.serving.prefix_cache import PrefixCache
 from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver, wait_for_tokens
 from course.serving.runner import runner_for
@@ -163,6 +166,8 @@ class Engine:
         self.prefill_seconds = 0.0
         self.last_error: str | None = None
         self.wedged_after = wedged_after
+        # gives the C allocator's free memory back after steps of new tensor sizes (course.serving.memory)
+        self.heap = HeapTrimmer()
         self._progress = time.monotonic()  # the end of the last iteration, or when work came to an idle engine
         self.iterations: deque[tuple[float, float]] = deque(maxlen=4096)  # (start, seconds) of recent iterations
         # (decodes, prompt tokens) each of those iterations' token budget was split into
@@ -275,6 +280,10 @@ class Engine:
             "max_batch_size": self.max_batch_size,
             "max_model_len": self.max_model_len,
             "runner": self.runner.name,
+            # the C allocator's free memory given back to the system (course.serving.memory)
+            "heap_trims": self.heap.trims,
+            "heap_released_bytes": self.heap.released_bytes,
+            "heap_trim_seconds": self.heap.seconds,
             **self.prefix_cache_stats(),
         }
 
@@ -351,6 +360,7 @@ class Engine:
             self.decode_by_batch[len(rows)] = (steps + 1, total + seconds, read + held)  # one store: stats() reads it
         self.iterations.append((started, time.perf_counter() - started))
         self._progress = time.monotonic()
+        self.heap.maybe_trim(idle=not (self.batch.rows or self.prefilling or self.scheduler.waiting))
         self.budget_used.append((budgeted, prompt_tokens))
         return False
 

@@ -78,9 +78,11 @@ KV_DTYPES: dict[str, KVDtype] = {
             "int4_per_token_head",
             4,
             4,
-            "vLLM's int4_per_token_head (listed in CacheDType, vllm/config/cache.py): half a byte per value; the "
-            "course assumes the same fp32 scale per token and head as int8_per_token_head (not read in the "
-            "page-size code of the commit the course read)",
+            "vLLM's int4_per_token_head: half a byte per value (two per byte) plus one fp32 scale per token and "
+            "head, for K and for V, packed after each head's data (vllm/v1/attention/backends/triton_attn.py, "
+            "TritonAttentionBackend.customize_spec: head_size // 2 bytes plus 4 bytes of scale per side); the "
+            "values are a randomized Hadamard rotation of K and V stored as asymmetric 4-bit levels, the zero point "
+            "in the scale's low mantissa bits (vllm/v1/attention/ops/int4_per_token_head.py); vLLM 0.32.0",
         ),
         KVDtype(
             "nvfp4",

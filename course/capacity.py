@@ -533,14 +533,15 @@ def server_prefill_counters(base_url: str) -> tuple[float, float, float, float] 
 
 
 def settled_prefill_counters(
-    base_url: str, before: tuple[float, ...] | None, requests: int, timeout: float = 5.0
+    base_url: str, before: tuple[float, ...] | None, requests: int, timeout: float = 30.0
 ) -> tuple[float, float, float, float] | None:
     """:func:`server_prefill_counters` once they count ``requests`` more requests and prefill passes than
     ``before``, or as they are after ``timeout`` seconds.
 
     The server counts a request's TTFT when its stream has closed and a prefill pass just after its first
     token went out, so a reading taken the moment the client has its last chunk can miss the last
-    request (on a busy machine, often).
+    request (on a busy machine, often). The wait ends as soon as they count: ``timeout`` is long because a
+    server thread on a laptop at load 8 can take seconds to count a request it has answered.
     """
     deadline = time.monotonic() + timeout
     while True:

@@ -217,6 +217,20 @@ def test_max_tokens_is_clamped_to_the_room_the_prompt_leaves(server):
     assert usage["prompt_tokens"] + usage["completion_tokens"] == 512 and choice["finish_reason"] == "length"
 
 
+def test_an_explicit_null_max_tokens_fills_the_context_and_a_missing_one_is_16(server):
+    """vLLM's completions: max_tokens left out is 16 (CompletionRequest's default); null is None, the room the
+    prompt leaves (get_max_tokens), as OpenAI's API accepts it."""
+    url = server.base_url + "/completions"
+    filled = httpx.post(
+        url, json={"model": MODEL, "prompt": " a" * 100, "max_tokens": None, "ignore_eos": True}, timeout=60
+    )
+    assert filled.status_code == 200, filled.text
+    usage = filled.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 512, usage
+    default = httpx.post(url, json={"model": MODEL, "prompt": "hello", "ignore_eos": True}, timeout=60)
+    assert default.json()["usage"]["completion_tokens"] == 16, default.text
+
+
 def test_openai_client_raises_bad_request(client):
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model=MODEL, prompt="x", max_tokens=0)

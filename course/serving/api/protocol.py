@@ -495,7 +495,10 @@ def parse_completion(body: dict, ctx: ServingContext) -> GenerationRequest:
         ids = _token_ids(prompt, ctx, "prompt")
     else:
         raise BadRequest(f"'prompt' must be a string or an array of token ids, got {_describe(prompt)}", "prompt")
-    request = _common(body, ctx, "completion", ids, default_max=16)  # 16: the OpenAI/vLLM completions default
+    # 16 when max_tokens is left out (the OpenAI/vLLM completions default, CompletionRequest.max_tokens = 16 in
+    # vllm/entrypoints/openai/completion/protocol.py); an explicit null is vLLM's None: the room the prompt leaves
+    default_max = None if "max_tokens" in body and body["max_tokens"] is None else 16
+    request = _common(body, ctx, "completion", ids, default_max=default_max)
     if _field(body, "echo", (bool,), default=False):  # the prompt as sent (token ids: decoded), as vLLM does
         request.echo = prompt if isinstance(prompt, str) else ctx.tokenizer.decode(ids)
     return request

@@ -24,7 +24,7 @@ from course.sim.calibration import samples_from_timings
 from course.sim.config import SCHEDULERS, SimConfig, kv_blocks
 from course.sim.cost import ROOFLINE_EFFICIENCY, LinearCost, RooflineCost, ServerCost, StepSample
 from course.sim.frontend import FrontEnd
-from course.sim.harness import SimRequest
+from course.sim.request import SimRequest
 from course.sim.results import RequestRecord, SimResult, StepLog
 from course.sim.simulator import simulate
 from course.sim.workload_variants import cap_output, scale_prompts, with_system_prompt

@@ -47,7 +47,7 @@ from course.workload import RequestSpec, Workload
 
 
 class _FastRequest:
-    """A request's counters inside the engine (see :class:`course.sim.harness.SimRequest`)."""
+    """A request's counters inside the engine (see :class:`course.sim.request.SimRequest`)."""
 
     __slots__ = (
         "spec",
@@ -313,7 +313,7 @@ class FastLedger:
         self.step = index + 1
         if self.finished:
             self._retire(self.finished)
-        if self.fast:
+        if self.fast and (self.slow or self.active):  # nobody active: every running request is lazy already
             self._lazify(self.running if self.slow else self.active)
 
     # --- the decode fast path --------------------------------------------------------------------

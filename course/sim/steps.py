@@ -37,18 +37,15 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 from course import rules
 from course.limits import rejection
 from course.sim.config import SimConfig
 from course.sim.cost import spread_draw, step_time
+from course.sim.request import SimRequest, StepFunction
 from course.trace import RequestTrace
 from course.workload import RequestSpec, Workload
-
-if TYPE_CHECKING:  # the harness drives these steps and imports this module; they only name its request
-    from course.sim.harness import SimRequest
 
 
 def preempt(request: SimRequest, waiting: deque, blocks) -> None:
@@ -226,7 +223,7 @@ class PrefillThenDecode:
         return scheduled
 
 
-def step_function(config: SimConfig) -> Callable[[list, deque, object], list]:
+def step_function(config: SimConfig) -> StepFunction:
     """The step function of ``config``'s iteration-level scheduler, with every setting it has (the readable
     ledger's, :meth:`course.sim.harness.ReadableLedger.from_config`)."""
     limits = {"token_budget": config.token_budget, "max_num_seqs": config.max_num_seqs}

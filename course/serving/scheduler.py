@@ -14,9 +14,10 @@ start, so at most ``max_prefill_tokens`` requests decode together. The engine al
 request in the iteration that completes its prompt, one iteration before vLLM would count that
 token.) ``tests/test_serving_admission.py`` runs this rule beside the simulator's.
 
-Where this engine follows the simulator's rule it calls it (:mod:`course.sim.rules`): a request's chunk
-(:func:`~course.sim.rules.chunk_size`: what it has left, clipped to the budget; this engine has no
-long-prefill cap) and when admission goes on (:func:`~course.sim.rules.admits_more`: someone waits,
+Where this engine follows the simulator's rule it calls it (:mod:`course.rules`, the scheduling rules on the
+library's ground floor: the engine loads no simulator): a request's chunk (:func:`~course.rules.chunk_size`:
+what it has left, clipped to the budget; this engine has no long-prefill cap) and when admission goes on
+(:func:`~course.rules.admits_more`: someone waits,
 budget is left, a row is free). The simulator's other rules do not apply here: this engine's KV cache
 is not paged (a request's cache grows with it; no block reservation, watermark or preemption), and
 its decodes take their token before any prompt does, where vLLM serves its running requests in
@@ -34,8 +35,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from course import rules
 from course.serving.request import EngineRequest, EngineStopped
-from course.sim import rules
 
 
 def split_budget(

@@ -17,6 +17,7 @@ from course import vllm_release
 from course.serving.api.background import BackgroundServer, run_sync
 from course.serving.api.protocol import longest_token_chars, render_chat
 from course.serving.api.server import create_app
+from course.serving.config import EngineConfig
 from course.serving.engine import Engine, EngineStopped, SamplingParams
 from course.serving.engine_process import EngineProcess, EngineStartError
 from course.serving.testing import chatty_tiny_model
@@ -151,9 +152,18 @@ def test_a_core_that_dies_fails_open_requests_with_500(lm):
 
 def test_a_core_that_cannot_start_says_why(lm):
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match="did not start: ValueError: max_batch_size must be >= 1"):
-        EngineProcess(lm, max_batch_size=0)
+    # the context length is checked against the model, which happens where the engine is built: in the child
+    with pytest.raises(RuntimeError, match="did not start: ValueError: max_model_len 1000000 exceeds the model's"):
+        EngineProcess(lm, max_model_len=1_000_000)
     assert time.monotonic() - started < 60
+
+
+def test_a_bad_setting_is_refused_before_a_core_starts(lm):
+    # EngineConfig checks what it can without the model, so no process is spawned for a setting that cannot work
+    with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
+        EngineProcess(lm, max_batch_size=0)
+    with pytest.raises(TypeError, match="as config or as keyword arguments, not both"):
+        EngineProcess(lm, EngineConfig(), max_batch_size=2)
 
 
 def test_no_room_to_share_the_weights_says_what_to_do(lm, monkeypatch):

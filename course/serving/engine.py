@@ -68,6 +68,7 @@ from typing import Any
 
 from course.models import LanguageModel
 from course.serving.batch_cache import BatchCache
+from course.serving.config import EngineConfig
 from course.serving.engine_client import checked_prompt
 from course.serving.memory import HeapTrimmer
 from course.serving.prefix_cache import PrefixCache
@@ -84,64 +85,45 @@ class Engine:
 
     Args:
         lm: the model and tokenizer.
-        max_batch_size: most requests decoded together; 1 = one request at a time.
-        max_model_len: most tokens (prompt + output) per request; default: the model's
-            ``max_position_embeddings``.
-        max_prefill_tokens: the token budget of one iteration, shared by the running requests
-            (one token each) and the prompt chunks (vLLM's ``max_num_batched_tokens``): a prompt
-            longer than what is left is prefilled over several iterations, so running requests
-            stall for one chunk at most, never for a whole long prompt. It also caps how many
-            requests decode together (each needs one token of it).
+        config: the engine's settings (:class:`~course.serving.config.EngineConfig`: ``max_batch_size``,
+            ``max_model_len``, ``max_prefill_tokens``, ``runner``, ``prefix_cache_bytes``, ``wedged_after``);
+            or give them as keyword arguments (``Engine(lm, max_batch_size=8)``).
         background: run the engine loop on its own thread (the default). False: nothing runs
             until the caller calls :meth:`step`, one iteration at a time (tests drive it by hand,
             as with vLLM's ``LLMEngine.step()``).
-        runner: "auto" (the lean Llama-family runner where it applies, see
-            :mod:`course.serving.runner`) or "transformers" (the model's own forward pass).
         on_events: where each step's ``(request, TokenEvent)`` pairs go; default
             :func:`~course.serving.request.deliver` (to each request's consumer).
             :mod:`course.serving.engine_process` sends them to another process instead.
-        prefix_cache_bytes: the budget of the prefix cache (:mod:`course.serving.prefix_cache`),
-            bytes of cached keys and values on the model's device (``DEFAULT_CAPACITY_BYTES``, 1 GiB,
-            is ``course serve --enable-prefix-caching``'s); 0, the default, turns prefix caching off.
-            A model whose cache cannot be reused (sliding-window layers) runs without it
-            (``prefix_cache_off`` says why).
-        wedged_after: seconds without a finished iteration, while requests are open, after which
-            :meth:`health` reports the engine wedged.
+
+    A model whose cache cannot be reused (sliding-window layers) runs without prefix caching
+    (``prefix_cache_off`` says why).
     """
 
     def __init__(
         self,
         lm: LanguageModel,
-        max_batch_size: int = 64,
-        max_model_len: int | None = None,
-        max_prefill_tokens: int = 512,
+        config: EngineConfig | None = None,
+        *,
         background: bool = True,
-        runner: str = "auto",
         on_events: Callable[[list[tuple[EngineRequest, TokenEvent]]], None] = deliver,
-        prefix_cache_bytes: int = 0,
-        wedged_after: float = 60.0,
+        **settings,
     ) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if config is not None and settings:
+            raise TypeError(f"give the engine's settings as config or as keyword arguments, not both: {settings}")
+        self.config = config = config or EngineConfig(**settings)
         self.lm = lm
-        self.max_batch_size = max_batch_size
-        config_len = getattr(lm.model.config, "max_position_embeddings", None) or 4096
-        self.max_model_len = int(max_model_len or config_len)
-        if self.max_model_len > config_len:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {config_len} positions")
-        if max_prefill_tokens < 1:
-            raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
-        self.max_prefill_tokens = max_prefill_tokens
+        self.max_batch_size = config.max_batch_size
+        self.max_model_len = config.model_len(lm)
+        self.max_prefill_tokens = config.max_prefill_tokens
         self.eos_token_ids = _eos_ids(lm)
         self.pad_token_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-        self.runner = runner_for(lm.model, runner)
-        self.scheduler = Scheduler(max_batch_size, max_prefill_tokens)
+        self.runner = runner_for(lm.model, config.runner)
+        self.scheduler = Scheduler(config.max_batch_size, config.max_prefill_tokens)
         self.batch = BatchCache(lm.device, self.runner.mask_4d)  # touched only by the engine thread
-        if prefix_cache_bytes < 0:
-            raise ValueError(f"prefix_cache_bytes must be >= 0 (0 = off), got {prefix_cache_bytes}")
-        self.prefix_cache_off = "turned off" if not prefix_cache_bytes else self.runner.prefix_reuse_unsupported
+        budget = config.prefix_cache_bytes
+        self.prefix_cache_off = "turned off" if not budget else self.runner.prefix_reuse_unsupported
         # engine thread only: lookups and insertions happen between forward passes
-        self.prefix_cache = PrefixCache(prefix_cache_bytes) if self.prefix_cache_off is None else None
+        self.prefix_cache = PrefixCache(budget) if self.prefix_cache_off is None else None
         self._to_cache: list[tuple[list[EngineRequest], list, list[int]]] = []  # prefills whose blocks to cache
         self.prefilling: list[EngineRequest] = []  # partly prefilled, oldest first (engine thread only)
         self.sampler = Sampler()
@@ -165,7 +147,7 @@ class Engine:
         self.prefill_by_tokens: dict[int, tuple[int, float]] = {}
         self.prefill_seconds = 0.0
         self.last_error: str | None = None
-        self.wedged_after = wedged_after
+        self.wedged_after = config.wedged_after
         # gives the C allocator's free memory back after steps of new tensor sizes (course.serving.memory)
         self.heap = HeapTrimmer()
         self._progress = time.monotonic()  # the end of the last iteration, or when work came to an idle engine

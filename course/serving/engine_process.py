@@ -57,6 +57,7 @@ from typing import Any, NamedTuple
 import torch.multiprocessing  # noqa: F401  registers torch's pickling of tensors into shared memory
 
 from course.models import LanguageModel
+from course.serving.config import EngineConfig
 from course.serving.engine import Engine
 from course.serving.engine_client import checked_prompt
 from course.serving.messages import (
@@ -75,10 +76,6 @@ from course.serving.sampler import SamplingParams
 
 STATS_INTERVAL_S = 0.05  # the engine's counters reach the API server at least this often while busy
 START_TIMEOUT_S = 300.0  # loading torch, transformers and the course in a fresh process takes seconds
-# A core with requests open that sends nothing for this long is reported as wedged (/health: 503). A busy
-# core sends every step; one step is milliseconds on the tiny model and at most a few seconds for a chunk
-# of --max-prefill-tokens on a large model on a CPU.
-WEDGED_AFTER_S = 60.0
 
 logger = logging.getLogger("course.serving.server")
 
@@ -194,10 +191,11 @@ class EngineProcess:
     Args:
         lm: the model and tokenizer (the tokenizer stays here for the server; the weights are
             shared with the child, not copied).
-        max_batch_size, max_model_len, max_prefill_tokens, runner, prefix_cache_bytes: as for :class:`Engine`.
+        config: the engine's settings (:class:`~course.serving.config.EngineConfig`), or give them as
+            keyword arguments, as for :class:`Engine`; the child builds its engine from the same record.
+            Its ``wedged_after``: seconds of silence from a core with requests open after which
+            :meth:`health` reports it wedged.
         start_timeout: seconds to wait for the child to build its engine.
-        wedged_after: seconds of silence from a core with requests open after which :meth:`health`
-            reports it wedged.
 
     Raises:
         EngineStartError: the engine core could not start (its error is in the message).
@@ -206,30 +204,23 @@ class EngineProcess:
     def __init__(
         self,
         lm: LanguageModel,
-        max_batch_size: int = 64,
-        max_model_len: int | None = None,
-        max_prefill_tokens: int = 512,
-        runner: str = "auto",
+        config: EngineConfig | None = None,
+        *,
         start_timeout: float = START_TIMEOUT_S,
-        prefix_cache_bytes: int = 0,
-        wedged_after: float = WEDGED_AFTER_S,
+        **settings,
     ) -> None:
         import torch
 
+        if config is not None and settings:
+            raise TypeError(f"give the engine's settings as config or as keyword arguments, not both: {settings}")
+        self.config = config = config or EngineConfig(**settings)
         self.lm = lm
-        engine_args = dict(
-            max_batch_size=max_batch_size,
-            max_model_len=max_model_len,
-            max_prefill_tokens=max_prefill_tokens,
-            runner=runner,
-            prefix_cache_bytes=prefix_cache_bytes,
-        )
         context = multiprocessing.get_context("spawn")  # fork is unsafe after torch threads or CUDA
         core_commands, self._commands = context.Pipe(duplex=False)
         self._outputs, core_outputs = context.Pipe(duplex=False)
         self.process = context.Process(
             target=_engine_core,
-            args=(lm, engine_args, torch.get_num_threads(), core_commands, core_outputs),
+            args=(lm, config, torch.get_num_threads(), core_commands, core_outputs),
             name="course-engine-core",
             daemon=True,  # never outlives the server
         )
@@ -274,7 +265,7 @@ class EngineProcess:
         self._loop: asyncio.AbstractEventLoop | None = None  # the event loop that reads it instead
         self._gone = False  # the core's pipe reached its end and what was open is failed
         self._frames = FrameReader(self._outputs)  # the handshake above read whole messages: nothing is left over
-        self.wedged_after = wedged_after
+        self.wedged_after = config.wedged_after
         self._busy_since = time.monotonic()  # when the first of the requests open now was sent
 
     # --- the interface of Engine that the server uses -------------------------------------------
@@ -525,7 +516,9 @@ class EngineProcess:
         return f"EngineProcess(pid {self.process.pid}, {state}, {self.num_unfinished} requests open)"
 
 
-def _engine_core(lm: LanguageModel, engine_args: dict, threads: int, commands: Connection, outputs: Connection) -> None:
+def _engine_core(
+    lm: LanguageModel, config: EngineConfig, threads: int, commands: Connection, outputs: Connection
+) -> None:
     """The child: build an ``Engine(background=False)`` and step it, taking commands in between.
 
     What runs between two forward passes is on every token's path, and there it runs several
@@ -544,7 +537,7 @@ def _engine_core(lm: LanguageModel, engine_args: dict, threads: int, commands: C
         outbox.extend((request.request_id, event) for request, event in pending)
 
     try:
-        engine = Engine(lm, background=False, on_events=collect, **engine_args)
+        engine = Engine(lm, config, background=False, on_events=collect)
     except Exception as err:  # a bad argument or a model the runner cannot run: say so to the server
         outputs.send(CoreFailed(f"{type(err).__name__}: {err}"))
         return

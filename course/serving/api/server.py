@@ -78,6 +78,7 @@ from course.serving.api.protocol import (
     parse_json_body,
     sse_event,
 )
+from course.serving.config import EngineConfig
 from course.serving.detok import IncrementalDetokenizer
 from course.serving.engine import Engine, EngineRequest, EngineStopped
 from course.serving.engine_client import EngineClient
@@ -314,18 +315,18 @@ def create_app(
     engine: EngineClient | None = None,
     model_name: str | None = None,
     aliases: tuple[str, ...] = (),
-    max_batch_size: int = 64,
-    max_model_len: int | None = None,
-    max_prefill_tokens: int = 512,
+    max_batch_size: int = EngineConfig.max_batch_size,
+    max_model_len: int | None = EngineConfig.max_model_len,
+    max_prefill_tokens: int = EngineConfig.max_prefill_tokens,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_waiting_requests: int | None = None,
     max_stream_backlog: int | None = DEFAULT_MAX_STREAM_BACKLOG,
     default_max_tokens: int | None = DEFAULT_CHAT_MAX_TOKENS,
     api_key: str | Sequence[str] | None = None,
     access_log: bool = False,
-    runner: str = "auto",
+    runner: str = EngineConfig.runner,
     engine_process: bool = False,
-    prefix_cache_bytes: int | None = None,
+    prefix_cache_bytes: int = EngineConfig.prefix_cache_bytes,
     cache_isolation: str = "shared",
     metrics_api_key: str | None = None,
 ):
@@ -339,9 +340,8 @@ def create_app(
             :class:`~course.serving.engine_process.EngineProcess`).
         model_name: the id clients send as ``model`` (default: the model's name).
         aliases: more ids accepted as ``model`` (e.g. a local path, as ``transformers serve``).
-        max_batch_size: requests decoded together (1 = one request at a time).
-        max_model_len: context length in tokens (prompt + output).
-        max_prefill_tokens: prompt tokens prefilled per engine iteration (see :class:`Engine`).
+        max_batch_size, max_model_len, max_prefill_tokens, runner, prefix_cache_bytes: the engine's
+            settings (:class:`~course.serving.config.EngineConfig`, which says what each means).
         max_request_bytes: larger request bodies get 413.
         max_waiting_requests: with this many requests already waiting for the engine, new ones
             get 503 with ``Retry-After`` (None: no limit).
@@ -352,12 +352,9 @@ def create_app(
         api_key: require ``Authorization: Bearer <api_key>`` on the ``/v1`` routes; a list of keys
             accepts any of them (one per tenant).
         access_log: log one line per request to the ``course.serving.access`` logger.
-        runner: the engine's model runner, "auto" or "transformers" (see :class:`Engine`).
         engine_process: run the engine in a child process
             (:class:`~course.serving.engine_process.EngineProcess`, as vLLM V1 does) instead of
             on a thread of this one.
-        prefix_cache_bytes: the engine's prefix-cache budget in bytes, 0 = prefix caching off
-            (None: the engine's default, off; see :class:`Engine`).
         cache_isolation: "shared" (vLLM's behaviour: requests share cached prompt blocks unless their
             ``cache_salt`` differs) or "per-key" (each API key's requests are salted with the key's
             identity as well: tenants never share a block; needs ``api_key``).
@@ -376,15 +373,8 @@ def create_app(
             "(api_key, course serve --api-key KEY [KEY ...])"
         )
     if engine is None:
-        engine = build_engine(
-            lm,
-            engine_process=engine_process,
-            max_batch_size=max_batch_size,
-            max_model_len=max_model_len,
-            max_prefill_tokens=max_prefill_tokens,
-            runner=runner,
-            **({} if prefix_cache_bytes is None else {"prefix_cache_bytes": prefix_cache_bytes}),
-        )
+        config = EngineConfig(max_batch_size, max_model_len, max_prefill_tokens, runner, prefix_cache_bytes)
+        engine = build_engine(lm, config, engine_process=engine_process)
     routes = OpenAIRoutes(
         engine,
         model_name or engine.lm.name,
@@ -407,10 +397,10 @@ def create_app(
     return app
 
 
-def build_engine(lm: LanguageModel | None, *, engine_process: bool = False, **engine_args) -> EngineClient:
+def build_engine(lm: LanguageModel | None, config: EngineConfig, *, engine_process: bool = False) -> EngineClient:
     """The engine ``create_app`` serves when it is given none: an :class:`Engine` on a thread of this
-    process, or with ``engine_process`` an :class:`~course.serving.engine_process.EngineProcess`;
-    ``lm`` defaults to ``course.load_model()``'s choice for this runtime; ``engine_args`` go to the engine."""
+    process, or with ``engine_process`` an :class:`~course.serving.engine_process.EngineProcess`, both with
+    ``config``; ``lm`` defaults to ``course.load_model()``'s choice for this runtime."""
     if lm is None:
         from course.models import load_model
 
@@ -418,8 +408,8 @@ def build_engine(lm: LanguageModel | None, *, engine_process: bool = False, **en
     if engine_process:
         from course.serving.engine_process import EngineProcess
 
-        return EngineProcess(lm, **engine_args)
-    return Engine(lm, **engine_args)
+        return EngineProcess(lm, config)
+    return Engine(lm, config)
 
 
 def install_error_handlers(app: FastAPI) -> None:

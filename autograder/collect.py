@@ -442,10 +442,7 @@ def _iter_zip(
 ) -> Iterator[tuple[str, bytes | None, datetime | None, str]]:
     for info in archive.infolist():
         rel = prefix + info.filename
-        try:
-            mtime = datetime(*info.date_time)
-        except ValueError:
-            mtime = None
+        mtime = _zip_mtime(info)
         problem = skip_reason(info.filename)
         if info.is_dir():
             yield rel, None, mtime, problem or FOLDER
@@ -462,15 +459,27 @@ def _iter_zip(
         elif info.file_size > MAX_FILE_BYTES:
             yield rel, None, mtime, f"too large to collect: larger than {MAX_FILE_BYTES / 2**20:g} MiB"
         else:
-            try:
-                with archive.open(info) as handle:
-                    content = _read_bounded(handle, budget, MAX_FILE_BYTES)
-            except _TooLarge as err:
-                yield rel, None, mtime, f"too large to collect: {err}"
-            except _READ_ERRORS as err:
-                yield rel, None, mtime, f"damaged in the zip, could not be read ({type(err).__name__}: {err})"
-            else:
-                yield rel, content, mtime, ""
+            content, unread = _read_zip_member(archive, info, budget)
+            yield rel, content, mtime, unread
+
+
+def _zip_mtime(info: zipfile.ZipInfo) -> datetime | None:
+    """When a zip entry was last changed, or None when the zip stores an impossible date."""
+    try:
+        return datetime(*info.date_time)
+    except ValueError:
+        return None
+
+
+def _read_zip_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, budget: _Budget) -> tuple[bytes | None, str]:
+    """(content, "") of one notebook in a zip, or (None, why it could not be read)."""
+    try:
+        with archive.open(info) as handle:
+            return _read_bounded(handle, budget, MAX_FILE_BYTES), ""
+    except _TooLarge as err:
+        return None, f"too large to collect: {err}"
+    except _READ_ERRORS as err:
+        return None, f"damaged in the zip, could not be read ({type(err).__name__}: {err})"
 
 
 def _iter_nested(

@@ -460,19 +460,7 @@ def kill_processes_of(uid: int, rounds: int = 50) -> int:
         return 0
     killed = 0
     for _ in range(rounds):
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/status") as status:
-                    for line in status:
-                        if line.startswith("Uid:"):
-                            if int(line.split()[1]) == uid or int(line.split()[2]) == uid:
-                                found.append(int(entry))
-                            break
-            except (OSError, ValueError):
-                continue
+        found = _processes_of(uid)
         if not found:
             return killed
         for pid in found:
@@ -483,6 +471,26 @@ def kill_processes_of(uid: int, rounds: int = 50) -> int:
                 pass
         time.sleep(0.02)
     return killed
+
+
+def _processes_of(uid: int) -> list[int]:
+    """The pids in /proc whose real or effective uid is ``uid`` (one that exits while it is read is left out)."""
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as status:
+                for line in status:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid or int(line.split()[2]) == uid:
+                            found.append(int(entry))
+                        break
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def _death_message(code: int | None) -> str:

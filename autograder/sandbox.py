@@ -233,41 +233,67 @@ def _bwrap_command(job_dir: Path, limits: Limits) -> list[str]:
     for capability in SANDBOX_CAPABILITIES:
         command += ["--cap-add", capability]
     command += ["--unshare-uts", "--unshare-cgroup-try", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(top):
-            command += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            command += ["--ro-bind", top, top]
+    command += _system_dir_mounts()
     # The writable places come first: mounts are applied in order, and a tmpfs on /tmp would hide a
     # Python environment or a checkout that lives under /tmp (a CI clone, a pytest tmp_path).
     size = str(limits.disk_bytes)
     command += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
     command += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
     command += ["--perms", "0755", "--size", size, "--tmpfs", "/grading"]
+    command += _read_only_binds(_python_binds())
+    command += ["--ro-bind", str(job_dir / "in"), "/input", "--bind", str(job_dir / "out"), "/output"]
+    command += ["--chdir", "/grading", "--"]
+    return command
+
+
+def _system_dir_mounts() -> list[str]:
+    """bwrap arguments for the top-level system folders outside /usr: a symbolic link (``/bin -> usr/bin``)
+    is made again as that link, a real folder is bound read-only, a missing one is left out."""
+    arguments = []
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            arguments += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            arguments += ["--ro-bind", top, top]
+    return arguments
+
+
+def _within(path: str, folders: list[str]) -> bool:
+    """Whether ``path`` is one of ``folders`` or inside one of them."""
+    return any(path == folder or path.startswith(folder + "/") for folder in folders)
+
+
+def _python_binds() -> list[tuple[str, str]]:
+    """(host path, path in the sandbox) of the Python installation and the course's packages that /usr
+    does not already hold, each bound once (a folder inside another bound one is not bound again)."""
     mounted = ["/usr"]
     for path in sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), *_package_dirs()}):
-        if not any(path == m or path.startswith(m + "/") for m in mounted):
+        if not _within(path, mounted):
             mounted.append(path)
     binds = [(path, path) for path in mounted[1:]]
     # A virtual environment reached through a symbolic link (a venv shared by two course copies, a
     # link to it): the interpreter is started by the link's path, so the link's path must exist too.
     for path in {os.path.abspath(sys.prefix), os.path.abspath(os.path.dirname(sys.executable))}:
         real = os.path.realpath(path)
-        if real != path and not any(path == m or path.startswith(m + "/") for m in mounted):
+        if real != path and not _within(path, mounted):
             binds.append((real, path))
             mounted.append(path)
+    return binds
+
+
+def _read_only_binds(binds: list[tuple[str, str]]) -> list[str]:
+    """bwrap arguments binding each (host path, sandbox path) read-only, its parents made first."""
+    arguments = []
     created = set()
     for source, path in binds:
         # bwrap would create the parents of a mount point as 0700 root: the kernel's user could not
         # walk through them to the Python installation.
         for parent in reversed(Path(path).parents[:-1]):
             if str(parent) not in created and str(parent) not in {"/usr", "/etc", "/tmp"}:
-                command += ["--perms", "0755", "--dir", str(parent)]
+                arguments += ["--perms", "0755", "--dir", str(parent)]
                 created.add(str(parent))
-        command += ["--ro-bind", source, path]
-    command += ["--ro-bind", str(job_dir / "in"), "/input", "--bind", str(job_dir / "out"), "/output"]
-    command += ["--chdir", "/grading", "--"]
-    return command
+        arguments += ["--ro-bind", source, path]
+    return arguments
 
 
 def _clean_env(limits: Limits) -> dict[str, str]:

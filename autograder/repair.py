@@ -98,36 +98,49 @@ def _mend(data: dict, notes: list[str]) -> None:
         if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
             dropped += 1
             continue
-        fixed = False
-        source = cell.get("source", "")
-        if isinstance(source, list) and all(isinstance(part, str) for part in source):
-            source = "".join(source)
-        if not isinstance(source, str):
-            source, fixed = ("" if source is None else json.dumps(source)), True
-        cell["source"] = source
-        if not isinstance(cell.get("metadata"), dict):
-            cell["metadata"], fixed = {}, True
-        if "nbgrader" in cell["metadata"] and not isinstance(cell["metadata"]["nbgrader"], dict):
-            del cell["metadata"]["nbgrader"]  # repair restores it from the marker comment
-            fixed = True
-        if "id" in cell and not isinstance(cell["id"], str):
-            del cell["id"]
-            fixed = True
-        if not isinstance(cell.get("attachments", {}), dict):
-            del cell["attachments"]
-            fixed = True
-        if cell["cell_type"] == "code":
-            cell["outputs"], cell["execution_count"] = [], None
-        else:
-            cell.pop("outputs", None)
-            cell.pop("execution_count", None)
-        mended += fixed
+        mended += _mend_cell(cell)
         cells.append(cell)
     data["cells"] = cells
     if dropped:
         notes.append(f"Dropped {dropped} malformed cell(s) that were not notebook cells.")
     if mended:
         notes.append(f"Mended the malformed source or metadata of {mended} cell(s).")
+
+
+def _mend_cell(cell: dict) -> bool:
+    """Make one cell (a dict with a known cell_type) well-formed in place and clear its outputs; whether its
+    source or metadata was malformed."""
+    fixed = _mend_source(cell)
+    if not isinstance(cell.get("metadata"), dict):
+        cell["metadata"], fixed = {}, True
+    if "nbgrader" in cell["metadata"] and not isinstance(cell["metadata"]["nbgrader"], dict):
+        del cell["metadata"]["nbgrader"]  # repair restores it from the marker comment
+        fixed = True
+    if "id" in cell and not isinstance(cell["id"], str):
+        del cell["id"]
+        fixed = True
+    if not isinstance(cell.get("attachments", {}), dict):
+        del cell["attachments"]
+        fixed = True
+    if cell["cell_type"] == "code":
+        cell["outputs"], cell["execution_count"] = [], None
+    else:
+        cell.pop("outputs", None)
+        cell.pop("execution_count", None)
+    return fixed
+
+
+def _mend_source(cell: dict) -> bool:
+    """Make a cell's source one string in place (a list of lines is joined; None becomes "", any other
+    value its JSON); whether it was malformed (a list of lines is not)."""
+    fixed = False
+    source = cell.get("source", "")
+    if isinstance(source, list) and all(isinstance(part, str) for part in source):
+        source = "".join(source)
+    if not isinstance(source, str):
+        source, fixed = ("" if source is None else json.dumps(source)), True
+    cell["source"] = source
+    return fixed
 
 
 def first_marker(cell) -> tuple[str, str] | None:

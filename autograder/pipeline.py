@@ -49,46 +49,52 @@ def repair_submissions(course: Course, assignment: str, students: list[str] | No
 
         todo = tqdm(todo, desc="repair", unit="student")
     for student in todo:
-        folder = course.submitted / student / assignment
         notes_all: list[str] = []
         for name, release in releases.items():
-            target = folder / name
-            if target.is_symlink():
-                collect.remove_submission(course, assignment, student, name)
-                problems.setdefault(student, []).append(f"{name}: a symbolic link in submitted/, not graded")
-                continue
-            if not target.is_file():
-                continue
-            received = course.work(assignment) / "received" / student / name
-            if not received.is_file():  # delivered by nbgrader's exchange or copied by hand
-                received.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(target, received)
-            try:
-                result = repair.repair(repair.read_submission(received.read_bytes()), release)
-            except repair.UnreadableNotebook as err:
-                problem = f"{name}: {err}"
-            except Exception as err:  # a notebook shape nobody foresaw: never stop the class
-                problem = f"{name}: could not be repaired ({type(err).__name__}: {str(err)[:300]})"
-            else:
-                problem = ""
+            notes, problem = _repair_notebook(course, assignment, student, name, release)
             if problem:
-                collect.remove_submission(course, assignment, student, name)
                 problems.setdefault(student, []).append(problem)
-                notes_all.append(problem)
-                continue
-            original = collect.received_name(course, assignment, student, name)
-            if original and Path(original).name != name:
-                note = f"Your file {Path(original).name!r} was graded as {name!r}."
-                result.notebook.metadata["autograder"]["collect"] = [note]
-                notes_all.append(note)
-            notebooks.write(result.notebook, target)
-            notes_all += result.notes
+            notes_all += notes
         done[student] = notes_all
     course.set_flags(assignment, "repair", problems, set(done))
     record = course.work(assignment) / "repair.json"
     previous = json.loads(record.read_text()) if record.is_file() else {}
     record.write_text(json.dumps({**previous, **done}, indent=1, ensure_ascii=False))
     return done
+
+
+def _repair_notebook(course: Course, assignment: str, student: str, name: str, release) -> tuple[list[str], str]:
+    """Repair ``student``'s submitted notebook ``name`` in place from the copy as received; returns (the notes
+    for the student, the problem that took it out of submitted/ or ""). A notebook not submitted gives ([], "")."""
+    target = course.submitted / student / assignment / name
+    if target.is_symlink():
+        collect.remove_submission(course, assignment, student, name)
+        return [], f"{name}: a symbolic link in submitted/, not graded"
+    if not target.is_file():
+        return [], ""
+    received = course.work(assignment) / "received" / student / name
+    if not received.is_file():  # delivered by nbgrader's exchange or copied by hand
+        received.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(target, received)
+    try:
+        result = repair.repair(repair.read_submission(received.read_bytes()), release)
+    except repair.UnreadableNotebook as err:
+        problem = f"{name}: {err}"
+    except Exception as err:  # a notebook shape nobody foresaw: never stop the class
+        problem = f"{name}: could not be repaired ({type(err).__name__}: {str(err)[:300]})"
+    else:
+        problem = ""
+    if problem:
+        collect.remove_submission(course, assignment, student, name)
+        return [problem], problem
+    notes = []
+    original = collect.received_name(course, assignment, student, name)
+    if original and Path(original).name != name:
+        note = f"Your file {Path(original).name!r} was graded as {name!r}."
+        result.notebook.metadata["autograder"]["collect"] = [note]
+        notes.append(note)
+    notebooks.write(result.notebook, target)
+    return notes + result.notes, ""
 
 
 # --- templates and the gradebook ----------------------------------------------------------------

@@ -133,34 +133,57 @@ def expected_bindings(cells: list) -> dict[str, str]:
     submission's copy of those cells now says."""
     bindings: dict[str, str] = {}
     for cell in cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.get("cell_type") != "code" or meta.get("solution") or meta.get("grade"):
+        if not _is_course_code(cell):
             continue
         try:
             tree = ast.parse(cell.get("source", ""))
         except SyntaxError:
             continue
         for node in tree.body:
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.asname:
-                        bindings[alias.asname] = alias.name
-                    else:
-                        top = alias.name.split(".")[0]
-                        bindings[top] = top
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                for alias in node.names:
-                    if alias.name != "*":
-                        bindings[alias.asname or alias.name] = f"{node.module}:{alias.name}"
-            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                bindings[node.name] = ""  # defined by the course's own cell: the notebook's, by design
-            elif isinstance(node, ast.Assign | ast.AnnAssign):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for target in targets:
-                    for name in ast.walk(target):
-                        if isinstance(name, ast.Name):
-                            bindings.setdefault(name.id, "")
+            _bind_statement(node, bindings)
     return bindings
+
+
+def _is_course_code(cell) -> bool:
+    """Whether a notebook cell is a code cell the course wrote: neither an answer nor a test."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return cell.get("cell_type") == "code" and not meta.get("solution") and not meta.get("grade")
+
+
+def _bind_statement(node: ast.stmt, bindings: dict[str, str]) -> None:
+    """Add to ``bindings`` what one top-level statement of a course cell binds (see expected_bindings)."""
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        for name, origin in _imported(node):
+            bindings[name] = origin
+    elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        bindings[node.name] = ""  # defined by the course's own cell: the notebook's, by design
+    elif isinstance(node, ast.Assign | ast.AnnAssign):
+        for name in _assigned_names(node):
+            bindings.setdefault(name, "")
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[tuple[str, str]]:
+    """(name, what it is) for each name an import binds: ``import a.b`` binds "a" to "a", ``import a.b as c``
+    "c" to "a.b", ``from m import f as g`` "g" to "m:f"; a relative or star import binds nothing known."""
+    if isinstance(node, ast.Import):
+        return [_import_binding(alias) for alias in node.names]
+    if not node.module or node.level:
+        return []
+    return [(alias.asname or alias.name, f"{node.module}:{alias.name}") for alias in node.names if alias.name != "*"]
+
+
+def _import_binding(alias: ast.alias) -> tuple[str, str]:
+    """(name, module) one ``import`` clause binds: the alias to the full module, or else the top package."""
+    if alias.asname:
+        return alias.asname, alias.name
+    top = alias.name.split(".")[0]
+    return top, top
+
+
+def _assigned_names(node: ast.Assign | ast.AnnAssign) -> list[str]:
+    """Every plain name an assignment's targets bind, in order (``a, (b, c) = ...`` gives a, b, c)."""
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name)]
 
 
 def listen(path: str) -> socket.socket:

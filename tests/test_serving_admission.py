@@ -14,7 +14,7 @@ from collections import deque
 
 import pytest
 
-from course.serving.request import EngineRequest
+from course.serving.request import ABORTED, EngineRequest
 from course.serving.sampler import SamplingParams
 from course.serving.scheduler import Scheduler, split_budget
 from course.sim.blocks import BlockManager
@@ -55,9 +55,9 @@ def test_an_aborted_partial_prompt_gets_no_chunk():
     long.num_computed_tokens = 16
     scheduler.requests[long.request_id] = long
     scheduler.add(_request(1, 4))
-    scheduler.abort(["r0"], "abort", step=0)
+    scheduler.abort(["r0"], ABORTED, step=0)
     plan = scheduler.schedule(1, [long], block=False)
-    assert plan.aborts == {"r0": "abort"} and _ids(plan.chunks) == [("r1", 4)]
+    assert plan.aborts == {"r0": ABORTED} and _ids(plan.chunks) == [("r1", 4)]
 
 
 @pytest.mark.parametrize("seed", range(6))

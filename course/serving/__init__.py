@@ -1,12 +1,15 @@
 """Module 2's serving stack: a continuous-batching engine, an OpenAI-compatible server, a load client.
 
-* :mod:`course.serving.engine`: prefill once, then batched decode steps with the KV cache;
-  requests join and leave between steps (continuous batching). Its parts: ``scheduler`` (the
-  waiting queue, aborts, the admission rule), ``batch_cache`` (the left-padded batch KV cache),
-  ``sampler`` (``SamplingParams`` and the per-row sampler), ``request`` (a request and its events),
-  ``runner`` (one forward pass: a lean Llama-family runner, or the ``transformers`` model's own).
-* :mod:`course.serving.engine_process`: ``EngineProcess``, the same engine in a child process
-  (vLLM V1's engine core), which ``course serve`` uses by default.
+* :mod:`course.serving.engine_core`: ``EngineCore``, prefill once, then batched decode steps with the KV cache;
+  requests join and leave between steps (continuous batching); one ``step()``, no thread of its own (vLLM V1's
+  ``EngineCore``). Its parts: ``scheduler`` (the waiting queue, aborts, the admission rule), ``batch_cache``
+  (the left-padded batch KV cache), ``sampler`` (``SamplingParams`` and the per-row sampler), ``request`` (a
+  request, its events and its ``FinishReason``), ``runner`` (one forward pass: a lean Llama-family runner, or
+  the ``transformers`` model's own).
+* :mod:`course.serving.engine`: ``Engine``, the core's in-process client (it steps the core on a thread of
+  this process, or lets the caller step it by hand).
+* :mod:`course.serving.engine_process`: ``EngineProcess``, the core's multiprocess client (the core in a
+  child process, vLLM V1's ``EngineCoreProc``), which ``course serve`` uses by default.
 * :mod:`course.serving.engine_client`: ``EngineClient``, what the server needs from an engine (both
   engines implement it), and ``checked_prompt``, the one check of a prompt, which both run in ``submit``;
   :mod:`course.serving.messages`: the typed messages between the server and the engine core process.
@@ -29,6 +32,7 @@ import importlib
 
 _EXPORTS = {
     "Engine": "engine",
+    "EngineCore": "engine_core",
     "EngineProcess": "engine_process",
     "SamplingParams": "sampler",
     "create_app": "api.server",

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from course import vllm_release
 from course.models import LanguageModel
-from course.serving.request import EngineRequest
+from course.serving.request import EngineRequest, FinishReason
 from course.serving.sampler import SamplingParams
 
 
@@ -47,7 +47,7 @@ class EngineClient(Protocol):
         requests with the same salt share prefix-cache blocks (vLLM's ``cache_salt``; None: unsalted)."""
         ...
 
-    def abort(self, request_id: str, reason: str = "abort") -> None:
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
         """Stop a request before the next decode step; unknown ids are ignored."""
         ...
 

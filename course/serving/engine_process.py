@@ -1,7 +1,10 @@
-"""The engine in its own process, apart from the API server (vLLM V1's ``EngineCoreProc``).
+"""The engine in its own process, apart from the API server (vLLM V1's ``EngineCoreProc`` and ``MPClient``).
 
-:class:`Engine` runs its steps on a thread of the server's process. Python's GIL then makes
-the event loop (parsing, detokenizing, writing SSE chunks) and the engine's forward pass take
+:class:`EngineProcess` is the engine core's multiprocess client; :class:`~course.serving.engine.Engine` is
+its in-process one. Both drive the same :class:`~course.serving.engine_core.EngineCore`.
+
+:class:`~course.serving.engine.Engine` steps its core on a thread of the server's process. Python's GIL then
+makes the event loop (parsing, detokenizing, writing SSE chunks) and the engine's forward pass take
 turns: every token's serving work is added to the decode step. vLLM V1 (0.11) runs the engine
 core in a separate process by default (``VLLM_ENABLE_V1_MULTIPROCESSING=1`` in ``vllm/envs.py``;
 ``EngineCoreProc`` in ``vllm/v1/engine/core.py``) that talks to the API server over ZMQ sockets
@@ -9,11 +12,11 @@ core in a separate process by default (``VLLM_ENABLE_V1_MULTIPROCESSING=1`` in `
 
 :class:`EngineProcess` does the same with two :mod:`multiprocessing` pipes:
 
-* the API server's side has the interface the server uses from :class:`Engine` (``submit``,
+* the API server's side has the interface the server uses from ``Engine`` (``submit``,
   ``abort``, ``abort_all``, ``stop``, the counters and ``stats()``); its requests are the same
   :class:`~course.serving.request.EngineRequest` objects, consumed with ``for`` or ``async for``;
 * the engine core (:func:`_engine_core`, in a ``spawn``-ed child) owns an
-  ``Engine(background=False)`` and steps it; each iteration's token events go back as one
+  :class:`~course.serving.engine_core.EngineCore` and steps it; each iteration's token events go back as one
   :class:`~course.serving.messages.StepOutputs`, with a snapshot of the engine's counters at most
   every ``STATS_INTERVAL_S`` and whenever the engine falls idle; commands and outputs are the typed
   records of :mod:`course.serving.messages`;
@@ -58,8 +61,8 @@ import torch.multiprocessing  # noqa: F401  registers torch's pickling of tensor
 
 from course.models import LanguageModel
 from course.serving.config import EngineConfig
-from course.serving.engine import Engine
 from course.serving.engine_client import checked_prompt
+from course.serving.engine_core import EngineCore
 from course.serving.messages import (
     AbortAll,
     AbortRequest,
@@ -71,7 +74,16 @@ from course.serving.messages import (
     Shutdown,
     StepOutputs,
 )
-from course.serving.request import EngineRequest, EngineStopped, TokenEvent, deliver, wait_for_tokens
+from course.serving.request import (
+    EngineRequest,
+    EngineStopped,
+    FinishReason,
+    TokenEvent,
+    deliver,
+    failed,
+    unavailable,
+    wait_for_tokens,
+)
 from course.serving.sampler import SamplingParams
 
 STATS_INTERVAL_S = 0.05  # the engine's counters reach the API server at least this often while busy
@@ -186,13 +198,15 @@ def exit_words(exitcode: int | None) -> str:
 
 
 class EngineProcess:
-    """A continuous-batching :class:`Engine` running in a child process; same arguments, same use.
+    """A continuous-batching engine core running in a child process; the same arguments and use as
+    :class:`~course.serving.engine.Engine`.
 
     Args:
         lm: the model and tokenizer (the tokenizer stays here for the server; the weights are
             shared with the child, not copied).
         config: the engine's settings (:class:`~course.serving.config.EngineConfig`), or give them as
-            keyword arguments, as for :class:`Engine`; the child builds its engine from the same record.
+            keyword arguments, as for :class:`~course.serving.engine.Engine`; the child builds its core from the
+            same record.
             Its ``wedged_after``: seconds of silence from a core with requests open after which
             :meth:`health` reports it wedged.
         start_timeout: seconds to wait for the child to build its engine.
@@ -310,8 +324,9 @@ class EngineProcess:
             self._loop = loop
         loop.add_reader(self._frames.fd, self._read_one_on_loop)
 
-    def abort(self, request_id: str, reason: str = "abort") -> None:
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
         """Stop a request; takes effect before the core's next decode step. Unknown ids are ignored."""
+        reason = FinishReason(reason)  # a reason that is none: ValueError here, not in the core
         with self._lock:
             if request_id in self._open:
                 self._send(AbortRequest(request_id, reason))
@@ -497,11 +512,11 @@ class EngineProcess:
             self.process.kill()
             self.process.join(5)
         if self._stopping and broken is None:
-            event = TokenEvent(None, "error", "the engine is shut down", 503)
+            event = unavailable("the engine is shut down")
         else:
             how = broken or f"the engine core process exited ({exit_words(self.process.exitcode)})"
             self.last_error = f"{how}; restart the server"
-            event = TokenEvent(None, "error", self.last_error, 500)
+            event = failed(self.last_error)
         with self._lock:
             self._stopping = True
             left, self._open = list(self._open.values()), {}
@@ -519,7 +534,7 @@ class EngineProcess:
 def _engine_core(
     lm: LanguageModel, config: EngineConfig, threads: int, commands: Connection, outputs: Connection
 ) -> None:
-    """The child: build an ``Engine(background=False)`` and step it, taking commands in between.
+    """The child: build an :class:`~course.serving.engine_core.EngineCore` and step it, taking commands in between.
 
     What runs between two forward passes is on every token's path, and there it runs several
     times slower than in a tight loop (each forward pass streams the weights through the caches).
@@ -537,30 +552,30 @@ def _engine_core(
         outbox.extend((request.request_id, event) for request, event in pending)
 
     try:
-        engine = Engine(lm, config, background=False, on_events=collect)
+        core = EngineCore(lm, config, on_events=collect)
     except Exception as err:  # a bad argument or a model the runner cannot run: say so to the server
         outputs.send(CoreFailed(f"{type(err).__name__}: {err}"))
         return
-    ready = CoreReady(engine.max_batch_size, engine.max_model_len, engine.runner.name, engine.stats())
+    ready = CoreReady(core.max_batch_size, core.max_model_len, core.runner.name, core.stats())
     outputs.send(ready)
     command_waiting = _readable_now(commands)
     stats_sent = time.monotonic()
     stopping = stopped = False
-    with torch.inference_mode():  # entered once here, so Engine.step() does not enter it every step
+    with torch.inference_mode():  # entered once here, around every step
         while not stopped:
             try:
                 # Idle: block until a command comes. Busy (or stopping): take the commands that came, then step.
-                while not stopping and (command_waiting() if engine.num_unfinished else commands.poll(None)):
-                    stopping = _apply(engine, commands.recv(), collect)
+                while not stopping and (command_waiting() if core.num_unfinished else commands.poll(None)):
+                    stopping = _apply(core, commands.recv(), collect)
             except (EOFError, OSError):  # the server is gone
-                engine.stop()
+                _shut_down(core)
                 stopping = True
-            stopped = engine.step()
-            idle = engine.num_unfinished == 0
+            stopped = core.step()
+            idle = core.num_unfinished == 0
             now = time.monotonic()
             stats = None
             if idle or stopped or now - stats_sent >= STATS_INTERVAL_S:
-                stats, stats_sent = engine.stats(), now
+                stats, stats_sent = core.stats(), now
             if outbox or stats is not None:
                 try:
                     outputs.send(StepOutputs(outbox, stats))
@@ -582,20 +597,26 @@ def _readable_now(connection: Connection) -> Callable[[], bool]:
     return lambda: bool(poller.poll(0))
 
 
-def _apply(engine: Engine, command: Command, collect) -> bool:
+def _shut_down(core: EngineCore) -> None:
+    """End every request (503) and refuse new ones: the core's next step finishes it."""
+    core.abort_all("the server is shutting down")  # as Engine.stop() says it
+    core.stop()
+
+
+def _apply(core: EngineCore, command: Command, collect) -> bool:
     """Carry out one command from the server; True if it was :class:`Shutdown`."""
     match command:
         case AddRequest(request_id, prompt_ids, params, cache_salt):
             try:  # checked by EngineProcess.submit already: queued as it is
-                engine.add_request(EngineRequest(request_id, prompt_ids, params, cache_salt))
+                core.add_request(EngineRequest(request_id, prompt_ids, params, cache_salt))
             except (ValueError, EngineStopped) as err:  # a request id already running, a stopping engine
-                status = 503 if isinstance(err, EngineStopped) else 500
-                collect([(EngineRequest(request_id, [], params), TokenEvent(None, "error", str(err), status))])
+                last = unavailable(str(err)) if isinstance(err, EngineStopped) else failed(str(err))
+                collect([(EngineRequest(request_id, [], params), last)])
         case AbortRequest(request_id, reason):
-            engine.abort(request_id, reason)
+            core.abort(request_id, reason)
         case AbortAll(reason):
-            engine.abort_all(reason)
+            core.abort_all(reason)
         case Shutdown():
-            engine.stop()
+            _shut_down(core)
             return True
     return False

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from course.serving.request import TokenEvent
+from course.serving.request import FinishReason, TokenEvent
 from course.serving.sampler import SamplingParams
 
 # --- commands: API server -> engine core ----------------------------------------------------------
@@ -41,7 +41,7 @@ class AbortRequest:
     """Stop one request before the core's next decode step; ``reason`` becomes its finish reason."""
 
     request_id: str
-    reason: str = "abort"
+    reason: FinishReason = FinishReason.ABORT
 
 
 @dataclass(frozen=True, slots=True)

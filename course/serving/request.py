@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import queue
 import threading
 import time
@@ -29,22 +30,50 @@ class EngineStopped(RuntimeError):
     """The engine was shut down while a request was waiting or running."""
 
 
+class FinishReason(enum.StrEnum):
+    """Why a request finished, as vLLM V1 names it (``vllm/v1/engine/__init__.py``, ``FinishReason``, 0.32).
+
+    vLLM's is an ``IntEnum`` (compact on its wire) whose ``str()`` is the OpenAI API's value; here the
+    values are those strings themselves, so the server writes a reason into a response as it is.
+    What went wrong travels beside it, never inside it: :class:`TokenEvent`'s ``error`` and ``status``.
+    """
+
+    STOP = "stop"  # end-of-sequence or a stop token (the server's stop strings end a stream as "stop" too)
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # aborted by the caller (its client went away)
+    ERROR = "error"  # the engine failed the request, or is shutting down: see the event's error and status
+
+
 class TokenEvent(NamedTuple):
     """What the engine hands a request after a step (a named tuple: one is made for every token,
     and a named tuple is about three times quicker to make than a frozen dataclass).
 
     ``token`` is the new token id (None for an event without a token: an abort or an error).
-    ``finish_reason`` is set on the request's last event: "stop" (end-of-sequence or a stop
-    token), "length" (max_tokens reached), "abort" (aborted by the caller) or "error" (then
-    ``error`` says why and ``status`` is 500, or 503 when the engine is shutting down).
+    ``finish_reason`` (a :class:`FinishReason`) is set on the request's last event; with
+    ``FinishReason.ERROR``, ``error`` says why and ``status`` is the HTTP status it means: 500 a
+    failure (:func:`failed`), 503 an engine that is shutting down (:func:`unavailable`).
     """
 
     token: int | None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
     status: int | None = None  # with an error: the HTTP status it means (500 a failure, 503 shutting down)
     logprob: float | None = None  # with SamplingParams.logprobs: the token's log-probability
     top_logprobs: tuple[tuple[int, float], ...] = ()  # and the most likely (token id, logprob) pairs
+
+
+ABORTED = TokenEvent(None, FinishReason.ABORT)
+"""The last event of a request aborted by its caller."""
+
+
+def failed(message: str) -> TokenEvent:
+    """The last event of a request the engine failed (status 500), ``message`` saying why."""
+    return TokenEvent(None, FinishReason.ERROR, message, 500)
+
+
+def unavailable(message: str) -> TokenEvent:
+    """The last event of a request ended because the engine is shutting down or gone (status 503)."""
+    return TokenEvent(None, FinishReason.ERROR, message, 503)
 
 
 class EventSink:
@@ -155,8 +184,8 @@ class EngineRequest:
         self.prompt_ids = prompt_ids
         self.params = params
         self.output_ids: list[int] = []
-        self.finish_reason: str | None = None
-        self.error: str | None = None
+        self.finish_reason: FinishReason | None = None
+        self.error: str | None = None  # with FinishReason.ERROR: why
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
         self.abort_requested_step: int | None = None  # engine step count when abort() was called

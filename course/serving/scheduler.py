@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from course import rules
-from course.serving.request import EngineRequest, EngineStopped
+from course.serving.request import EngineRequest, EngineStopped, TokenEvent
 
 
 def split_budget(
@@ -70,7 +70,7 @@ def split_budget(
 class Schedule:
     """One iteration's plan. ``stop``: the engine is shut down and has nothing left to abort."""
 
-    aborts: dict[str, str] = field(default_factory=dict)  # request id -> finish reason
+    aborts: dict[str, TokenEvent] = field(default_factory=dict)  # request id -> the final event it ends with
     aborted_waiting: list[EngineRequest] = field(default_factory=list)  # already out of the queue
     chunks: list[tuple[EngineRequest, int]] = field(default_factory=list)  # (request, prompt tokens to prefill)
     stop: bool = False
@@ -84,7 +84,7 @@ class Scheduler:
         self.token_budget = token_budget
         self.lock = threading.Condition()
         self.waiting: deque[EngineRequest] = deque()
-        self.aborts: dict[str, str] = {}
+        self.aborts: dict[str, TokenEvent] = {}  # request id -> the final event it ends with
         self.requests: dict[str, EngineRequest] = {}  # every unfinished request, by id
         self.stopping = False
 
@@ -98,8 +98,9 @@ class Scheduler:
             self.waiting.append(request)
             self.lock.notify()
 
-    def abort(self, request_ids: Iterable[str] | None, reason: str, step: int) -> None:
-        """Ask for ``request_ids`` (None: every unfinished request) to end with ``reason``."""
+    def abort(self, request_ids: Iterable[str] | None, last: TokenEvent, step: int) -> None:
+        """Ask for ``request_ids`` (None: every unfinished request) to end with the final event ``last``
+        (no token: an abort's or an error's)."""
         with self.lock:
             ids = list(self.requests) if request_ids is None else request_ids
             for rid in ids:
@@ -107,7 +108,7 @@ class Scheduler:
                 if request is None or request.finished or rid in self.aborts:
                     continue
                 request.abort_requested_step = step
-                self.aborts[rid] = reason
+                self.aborts[rid] = last
             self.lock.notify()
 
     def stop(self) -> None:

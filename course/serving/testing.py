@@ -85,7 +85,9 @@ class ForwardLog:
 
 @contextmanager
 def failing_decode(engine, on_call: int, message: str) -> Iterator[None]:
-    """Inside the block, the engine's ``on_call``-th decode step raises RuntimeError(message)."""
+    """Inside the block, the ``on_call``-th decode step of ``engine`` (an Engine or its core) raises
+    RuntimeError(message)."""
+    engine = getattr(engine, "core", engine)  # the core decodes
     original = engine._decode
     calls = 0
 

@@ -248,6 +248,20 @@ class _Generation:
             )
             self.metrics = None
 
+    def _last_events(self, event) -> list[str]:
+        """The SSE events that end a stream whose last engine event has no token: the error and [DONE], or
+        nothing for an abort (the client is gone), unless it was this stream's too slow client that read on."""
+        if event.error:
+            self.error = event.error
+            return [sse_event(_failure_body(event.error, event.status or 500)), DONE_EVENT]
+        if self.too_slow:  # the client read on after all: say why the stream stopped
+            message = (
+                f"The stream was stopped: its client read too slowly (more than {self.max_backlog} "
+                "tokens waited to be sent). Read a stream as it arrives."
+            )
+            return [sse_event(error_body(message, "SlowClientError", code=408)), DONE_EVENT]
+        return []
+
     async def events(self) -> AsyncIterator[str]:
         """SSE events: (role chunk), one chunk per token, (usage chunk), [DONE]."""
         if self.max_backlog:
@@ -257,18 +271,9 @@ class _Generation:
         try:
             async for event in self.engine_request:
                 if event.token is None:
-                    if event.error:
-                        self.error = event.error
-                        yield sse_event(_failure_body(event.error, event.status or 500))
-                        yield DONE_EVENT
-                    elif self.too_slow:  # the client read on after all: say why the stream stopped
-                        message = (
-                            f"The stream was stopped: its client read too slowly (more than {self.max_backlog} "
-                            "tokens waited to be sent). Read a stream as it arrives."
-                        )
-                        yield sse_event(error_body(message, "SlowClientError", code=408))
-                        yield DONE_EVENT
-                    return  # aborted: the client is gone
+                    for last in self._last_events(event):
+                        yield last
+                    return
                 self.completion_tokens += 1
                 if self.request.kind == "chat" and self.completion_tokens == 1:
                     yield self.writer.role_chunk()

@@ -305,11 +305,7 @@ def _grade(course, assignment, students, workers, sandbox, limits, template, pro
             for future in as_completed(futures):
                 result = future.result()
                 results[result.student] = result
-                if on_result:
-                    on_result(result)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix_str(f"{result.student}: {result.status}")
+                _announce(result, on_result, bar)
     finally:
         if bar is not None:
             bar.close()
@@ -318,6 +314,15 @@ def _grade(course, assignment, students, workers, sandbox, limits, template, pro
         if not keep_jobs:
             shutil.rmtree(jobs_root, ignore_errors=True)
     return [results[student] for student in students]
+
+
+def _announce(result: JobResult, on_result: Callable[[JobResult], None] | None, bar) -> None:
+    """Tell the caller (``on_result``) and the progress bar (a tqdm, or None) that a student's result is merged."""
+    if on_result:
+        on_result(result)
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix_str(f"{result.student}: {result.status}")
 
 
 def extra_files(course: Course, assignment: str) -> Path | None:

@@ -394,7 +394,7 @@ class _ClusterRun:
         self._template_future = self.client.submit(_same, data, key=key, pure=False)
 
     def grade(self, students, progress, keep_jobs, on_result) -> list[JobResult]:
-        from autograder.pipeline import _job_folder, store
+        from autograder.pipeline import _announce, _job_folder, store
 
         jobs_root = Path(tempfile.mkdtemp(prefix=f"autograder-{self.assignment}-"))
         results: dict[str, JobResult] = {}
@@ -407,11 +407,7 @@ class _ClusterRun:
             results[result.student] = result
             if not keep_jobs:
                 shutil.rmtree(jobs_root / _job_folder(result.student), ignore_errors=True)
-            if on_result:
-                on_result(result)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix_str(f"{result.student}: {result.status}")
+            _announce(result, on_result, bar)
 
         self._done: queue.Queue = queue.Queue()
         pending: dict[str, object] = {}  # student -> their live future

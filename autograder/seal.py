@@ -501,17 +501,20 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
             return False
         if from_notebook_object(now):
             return False
-        if b_type(now) is t_dict:
-            items = plain_items(now)
-            values = [value for _, value in items] if items is not None else [now]
-        elif b_type(now) is t_list or b_type(now) is t_tuple:
-            values = now
-        else:
-            values = ()
-        for value in values:  # noqa: SIM110 (all() is a builtin, looked up at call time)
+        for value in held_values(now):  # noqa: SIM110 (all() is a builtin, looked up at call time)
             if not is_plain(b_type(value)) and from_notebook_object(value):
                 return False
         return True
+
+    def held_values(data):
+        """What a dict, list or tuple holds, each to be looked at (a dict with a key that is not an exact string:
+        the dict itself); nothing for other data."""
+        if b_type(data) is t_dict:
+            items = plain_items(data)
+            return [value for _, value in items] if items is not None else [data]
+        if b_type(data) is t_list or b_type(data) is t_tuple:
+            return data
+        return ()
 
     def compare_modules(problems: list) -> dict:
         current_pairs = plain_items(modules_dict)

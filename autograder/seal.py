@@ -531,18 +531,23 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
         for name, module in dict_items(recorded_modules):
             if b_type(module) is not t_module or name in user_module_names or module is user_module:
                 continue  # the notebook's own namespace: compare_names looks at what the tests take from it
-            before = recorded_dicts.get(b_id(module))
-            if before is None:
-                continue
-            skip = volatile_sys if module is m_sys else volatile_builtins if module is m_builtins else ()
-            now = as_dict(plain_items(module_dict(module)))
-            for attribute in dict_changes(before, now, skip):
-                if attribute in volatile_module_names or (name, attribute) in library_rebinds:
-                    continue
-                if now is not None and lazy_change(before[attribute], now.get(attribute, now), current):
-                    continue
-                problems.append(f"{name}.{attribute}")
+            compare_module_attributes(name, module, current, problems)
         return current
+
+    def compare_module_attributes(name: str, module, modules: dict, problems: list) -> None:
+        """The attributes of the recorded module ``name`` that changed, but for the changes libraries make by
+        themselves (``modules``: sys.modules now)."""
+        before = recorded_dicts.get(b_id(module))
+        if before is None:
+            return
+        skip = volatile_sys if module is m_sys else volatile_builtins if module is m_builtins else ()
+        now = as_dict(plain_items(module_dict(module)))
+        for attribute in dict_changes(before, now, skip):
+            if attribute in volatile_module_names or (name, attribute) in library_rebinds:
+                continue
+            if now is not None and lazy_change(before[attribute], now.get(attribute, now), modules):
+                continue
+            problems.append(f"{name}.{attribute}")
 
     def compare_channel(problems: list) -> dict:
         """The kernel's objects, their classes and the shell's hooks; returns the shell's attributes."""

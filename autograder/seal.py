@@ -551,6 +551,16 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
 
     def compare_channel(problems: list) -> dict:
         """The kernel's objects, their classes and the shell's hooks; returns the shell's attributes."""
+        current_shell = compare_objects(problems)
+        compare_classes(problems)
+        compare_transformers(problems)
+        compare_callbacks(problems)
+        compare_handlers(problems)
+        return current_shell or {}
+
+    def compare_objects(problems: list):
+        """Each recorded kernel object: its class, its attributes, and no attribute of its own hiding a method
+        of its class; returns the shell's attributes now (None when they cannot be read)."""
         current_shell = None
         for label, (obj, cls, attributes) in dict_items(recorded_objects):
             if b_type(obj) is not cls:
@@ -564,18 +574,25 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
             for name, value in dict_items(now or {}):  # an instance attribute hiding a method of the class
                 if name in attributes or is_plain(b_type(value)):
                     continue
-                for klass in class_mro(cls):
-                    entry = recorded_classes.get(b_id(klass))
-                    if entry is None or name not in entry[1] or is_plain(b_type(entry[1][name])):
-                        continue
-                    if (  # the class's own method bound to this object (`stream.write = stream.write`)
-                        b_type(value) is t_method
-                        and method_self(value) is obj
-                        and method_function(value) is entry[1][name]
-                    ):
-                        break
+                if hides_method(obj, cls, name, value):
                     problems.append(f"the {label}'s {name}")
-                    break
+        return current_shell
+
+    def hides_method(obj, cls, name: str, value) -> bool:
+        """Whether ``value``, set on ``obj`` itself as ``name``, hides what the first class in ``cls``'s method
+        order that recorded ``name`` (as anything but plain data) holds there."""
+        for klass in class_mro(cls):
+            entry = recorded_classes.get(b_id(klass))
+            if entry is None or name not in entry[1] or is_plain(b_type(entry[1][name])):
+                continue
+            return not (  # the class's own method bound to this object (`stream.write = stream.write`)
+                b_type(value) is t_method and method_self(value) is obj and method_function(value) is entry[1][name]
+            )
+        return False
+
+    def compare_classes(problems: list) -> None:
+        """The recorded classes of the kernel's objects: an attribute changed, or a new one (which can hide a
+        base class's method)."""
         for klass, before in recorded_classes.values():
             now = as_dict(class_pairs(klass))
             for attribute in dict_changes(before, now, plain_ok=False):
@@ -583,6 +600,9 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
             for attribute in now or ():  # a new class attribute can hide a base class's method
                 if attribute not in before:
                     problems.append(f"{class_name(klass)}.{attribute}")
+
+    def compare_transformers(problems: list) -> None:
+        """The shell's input and AST transformer lists: each the same list, holding the same objects."""
         for label, (value, items) in dict_items(recorded_lists):
             if b_type(value) is not t_list or b_len(value) != b_len(items):
                 problems.append(label)
@@ -591,12 +611,13 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
                 if before is not now:
                     problems.append(label)
                     break
-        compare_callbacks(problems)
+
+    def compare_handlers(problems: list) -> None:
+        """The kernel's message handlers (``execute_request`` runs every cell)."""
         kernel_now = attributes_of(kernel) or {}
         handlers = kernel_now.get("shell_handlers")
         for name in dict_changes(recorded_handlers, as_dict(plain_items(handlers))):
             problems.append(f"the kernel's {name} handler")
-        return current_shell or {}
 
     def library_code(function) -> bool:
         """Whether a callable runs library code (a function or method from the trusted folders, or C)."""

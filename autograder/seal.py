@@ -674,43 +674,52 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
                 continue
             value = namespace[name]
             if expected:
-                module_name, _, attribute_name = str_partition(expected, ":")
-                module = modules.get(module_name)
-                if b_type(module) is not t_module:
-                    problems.append(f"{name} (the course's cells import it from {module_name}, not loaded)")
-                    continue
-                if attribute_name:
-                    members = as_dict(plain_items(module_dict(module))) or {}
-                    if members.get(attribute_name, members) is not value:
-                        problems.append(f"{name} (not {module_name}.{attribute_name})")
-                elif value is not module:
-                    problems.append(f"{name} (not the module {module_name})")
-                continue
-            if name in builtins_snapshot and name not in volatile_builtins:
+                compare_import(name, value, expected, modules, problems)
+            elif name in builtins_snapshot and name not in volatile_builtins:
                 if value is not builtins_snapshot[name]:
                     problems.append(f"the builtin {name} (the notebook defines its own)")
-                continue
-            if b_type(value) is t_module:
+            elif b_type(value) is t_module:
                 if b_id(value) not in module_ids:
                     problems.append(f"the module the tests call {name}")
-                continue
-            home = home_of(value)
-            if home is None:
-                continue  # data the notebook prepared: not a replacement for a library function
-            module_name, attribute_name = home
-            if b_type(module_name) is not t_str or b_type(attribute_name) is not t_str:
-                problems.append(f"{name} (its module is not a name)")
-                continue
-            if module_name == "__main__":
-                problems.append(f"{name} (a library helper the tests use, defined by the notebook instead)")
-                continue
-            module = modules.get(module_name)
-            if b_type(module) is not t_module:
-                problems.append(f"{name} (from {module_name}, which is not loaded)")
-                continue
-            members = as_dict(plain_items(module_dict(module))) or {}
-            if members.get(attribute_name, members) is not value:
+            else:
+                compare_home(name, value, modules, problems)
+
+    def compare_import(name: str, value, expected: str, modules: dict, problems: list) -> None:
+        """A name the course's own cells import (``expected``: "module" or "module:attribute"): still that object."""
+        module_name, _, attribute_name = str_partition(expected, ":")
+        module = modules.get(module_name)
+        if b_type(module) is not t_module:
+            problems.append(f"{name} (the course's cells import it from {module_name}, not loaded)")
+        elif attribute_name:
+            if not module_holds(module, attribute_name, value):
                 problems.append(f"{name} (not {module_name}.{attribute_name})")
+        elif value is not module:
+            problems.append(f"{name} (not the module {module_name})")
+
+    def compare_home(name: str, value, modules: dict, problems: list) -> None:
+        """A function or class the tests take from the notebook: the very object the module it names as its
+        home holds under its name (data the notebook prepared is not a replacement for a library function)."""
+        home = home_of(value)
+        if home is None:
+            return  # data the notebook prepared: not a replacement for a library function
+        module_name, attribute_name = home
+        if b_type(module_name) is not t_str or b_type(attribute_name) is not t_str:
+            problems.append(f"{name} (its module is not a name)")
+            return
+        if module_name == "__main__":
+            problems.append(f"{name} (a library helper the tests use, defined by the notebook instead)")
+            return
+        module = modules.get(module_name)
+        if b_type(module) is not t_module:
+            problems.append(f"{name} (from {module_name}, which is not loaded)")
+            return
+        if not module_holds(module, attribute_name, value):
+            problems.append(f"{name} (not {module_name}.{attribute_name})")
+
+    def module_holds(module, attribute_name: str, value) -> bool:
+        """Whether ``module``'s own dictionary holds ``value`` itself under ``attribute_name``."""
+        members = as_dict(plain_items(module_dict(module))) or {}
+        return members.get(attribute_name, members) is value
 
     def check(names: list) -> str:
         problems: list = []

@@ -794,7 +794,7 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
     # --- the audit hook -------------------------------------------------------------------------------
     def from_notebook(depth: int) -> bool:
         """Whether the code ``depth`` frames up is the student's. From inside the hook the caller of the
-        audited operation is 3 up: from_notebook, inspect_event, hook."""
+        audited operation is 4 up: from_notebook, the inspect_* function of its event, inspect_event, hook."""
         try:
             frame = getframe(depth)
         except e_value:
@@ -825,43 +825,59 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
         ident = get_ident()
         if ident == state["watchdog"] or ident in state["busy"]:
             return
+        # Each inspect_* function marks its thread busy while it looks, so that the events its own
+        # work raises are not inspected in turn.
         if event in fatal:
-            state["busy"][ident] = True
-            alert(f"the notebook called {event}, which reaches the grader's record; the kernel was stopped")
-            kill(getpid(), 9)
-            return
-        if event in watched_calls:
+            inspect_fatal(ident, event)
+        elif event in watched_calls:
+            inspect_watched_call(ident, event)
+        elif event == "compile" or event == "code.__new__":
+            inspect_compile(ident, args)
+        elif event == "object.__setattr__":
+            inspect_setattr(ident, args)
+        elif event == "open":
+            inspect_open(ident, args)
+
+    def inspect_fatal(ident: int, event: str) -> None:
+        state["busy"][ident] = True
+        alert(f"the notebook called {event}, which reaches the grader's record; the kernel was stopped")
+        kill(getpid(), 9)
+
+    def inspect_watched_call(ident: int, event: str) -> None:
+        state["busy"][ident] = True
+        try:
+            if from_notebook(4):
+                alert(f"the notebook called {event}")
+        finally:
+            state["busy"].pop(ident, None)
+
+    def inspect_compile(ident: int, args: tuple) -> None:
+        filename = args[1] if b_len(args) > 1 else None
+        if b_type(filename) is t_str and str_startswith(filename, trusted_dirs):
             state["busy"][ident] = True
             try:
-                if from_notebook(3):
-                    alert(f"the notebook called {event}")
+                if from_notebook(4):
+                    alert(f"the notebook made code under a library's file name ({filename})")
             finally:
                 state["busy"].pop(ident, None)
+
+    def inspect_setattr(ident: int, args: tuple) -> None:
+        if not (b_len(args) > 1 and b_type(args[1]) is t_str and args[1] in rewritable):
             return
-        if event == "compile" or event == "code.__new__":
-            filename = args[1] if b_len(args) > 1 else None
-            if b_type(filename) is t_str and str_startswith(filename, trusted_dirs):
-                state["busy"][ident] = True
-                try:
-                    if from_notebook(3):
-                        alert(f"the notebook made code under a library's file name ({filename})")
-                finally:
-                    state["busy"].pop(ident, None)
-            return
-        if event == "object.__setattr__" and b_len(args) > 1 and b_type(args[1]) is t_str and args[1] in rewritable:
-            target = args[0]
-            if b_type(target) is t_function:
-                state["busy"][ident] = True
-                try:
-                    code = function_code(target)
-                    name = function_name(target)
-                    name = name if b_type(name) is t_str else "?"
-                    if str_startswith(code.co_filename, trusted_dirs) and from_notebook(3):
-                        alert(f"the notebook rewrote the library function {name}")
-                finally:
-                    state["busy"].pop(ident, None)
-            return
-        if event == "open" and b_len(args) > 0 and b_type(args[0]) is t_str:
+        target = args[0]
+        if b_type(target) is t_function:
+            state["busy"][ident] = True
+            try:
+                code = function_code(target)
+                name = function_name(target)
+                name = name if b_type(name) is t_str else "?"
+                if str_startswith(code.co_filename, trusted_dirs) and from_notebook(4):
+                    alert(f"the notebook rewrote the library function {name}")
+            finally:
+                state["busy"].pop(ident, None)
+
+    def inspect_open(ident: int, args: tuple) -> None:
+        if b_len(args) > 0 and b_type(args[0]) is t_str:
             path = args[0]
             if str_startswith(path, "/proc/") and path[-4:] == "/mem":
                 state["busy"][ident] = True

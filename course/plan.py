@@ -572,72 +572,113 @@ def problems(plan: Plan | Mapping[str, Any], scenario: Scenario, kinds: Sequence
 
     ``kinds`` picks the checks (:data:`PROBLEM_KINDS`): "menu" (a catalogue GPU on the menu), "pools" (every
     class in exactly one pool), "cap" (no class truncated), "memory" (room outside vLLM's share) and "start"
-    (the model and one longest request fit).
+    (the model and one longest request fit). A GPU the catalogue does not know is the only problem reported.
     """
-    from course.sim import parallel
-
     plan = as_plan(plan)
     unknown = set(kinds) - set(PROBLEM_KINDS)
     if unknown:
         raise ValueError(f"unknown problem kinds {sorted(unknown)}; known: {', '.join(PROBLEM_KINDS)}")
-    found: list[str] = []
     pools = plan.resolved_pools
     for p in pools:
-        gpu = hardware.ALIASES.get(p.gpu, p.gpu)
-        if gpu not in hardware.GPUS:
+        if _catalogue_gpu(p) not in hardware.GPUS:
             return [f"{p.gpu!r} is not a catalogue GPU ({', '.join(hardware.GPUS)})"]
-        if "menu" in kinds and gpu not in scenario.prices:
-            found.append(f"{gpu} is not on the menu ({', '.join(scenario.prices)})")
+    found = _menu_problems(pools, scenario) if "menu" in kinds else []
     if "pools" in kinds:
-        named = [name for pool in pools for name in pool.classes]
-        for c in scenario.classes:
-            if named.count(c.name) != 1:
-                found.append(f"class {c.name!r} is in {named.count(c.name)} pools; put every class in exactly one")
-        for name in sorted(set(named) - {c.name for c in scenario.classes}):
-            found.append(
-                f"unknown class {name!r} in a pool; the scenario has {', '.join(c.name for c in scenario.classes)}"
-            )
-    for index, p in enumerate(pools):
+        found += _membership_problems(pools, scenario)
+    for index, p in enumerate(pools):  # each pool's problems together, in PROBLEM_KINDS' order
         where = f"pool {index} ({p.label})" if len(pools) > 1 else "the pool"
-        gpu = hardware.ALIASES.get(p.gpu, p.gpu)
         if "cap" in kinds:
-            for c in scenario.classes:
-                if c.name in p.classes and p.max_output_tokens < c.output_max:
-                    found.append(
-                        f"max_output_tokens {p.max_output_tokens} in {where} truncates {c.name}: its answers need up "
-                        f"to {c.output_max}"
-                    )
-        if "memory" in kinds and not vllm.extensible_kv_cache(hardware.gpu(gpu), release=scenario.release).on:
-            # sized from the profiling estimate (0.32; 0.34 without the extensible KV cache): whatever vLLM did
-            # not profile must fit outside its share; measured after warm-up, vLLM keeps its own margin
-            u = (
-                vllm.rules(scenario.release).default_utilization(False)
-                if p.gpu_memory_utilization is None
-                else (p.gpu_memory_utilization)
-            )
-            headroom = (1 - u) * hardware.gpu(gpu).total_memory / GiB
-            if u > MAX_UTILIZATION or headroom < MIN_HEADROOM_GIB:
-                found.append(
-                    f"gpu_memory_utilization {u:g} in {where} leaves {headroom:.1f} GiB of the {gpu} outside vLLM's "
-                    f"share (at most {MAX_UTILIZATION:g}, and at least {MIN_HEADROOM_GIB:g} GiB for CUDA graphs and "
-                    "activation spikes): an out-of-memory crash waiting for peak load"
-                )
-        if "start" in kinds and set(p.classes) & {c.name for c in scenario.classes}:
-            g = parallel.get_geometry(scenario.model)
-            try:
-                budget = pool_budget(p, scenario)
-            except ValueError as err:  # a TP size the model's heads do not divide, a length past the model's
-                found.append(f"vLLM would not start {g.name} on {gpu} x TP {p.tensor_parallel} in {where}: {err}")
-                continue
-            if not budget.fits_one_request:
-                found.append(
-                    f"{g.name} does not start on {gpu} x TP {p.tensor_parallel} at utilization "
-                    f"{budget.utilization:g} ({where}): {budget.weights / GiB:.1f} GiB of weights per GPU, "
-                    f"{budget.kv_memory / GiB:.1f} GiB left for the KV cache, and one {budget.max_model_len:,}-token "
-                    f"request needs {budget.blocks_per_request} blocks; pick a larger card, more TP or a higher "
-                    "utilization"
-                )
+            found += _truncation_problems(p, scenario, where)
+        if "memory" in kinds:
+            found += _headroom_problems(p, scenario, where)
+        if "start" in kinds:
+            found += _start_problems(p, scenario, where)
     return found
+
+
+def _catalogue_gpu(pool: Pool) -> str:
+    """The catalogue's name for a pool's GPU (an alias resolved; an unknown name as given)."""
+    return hardware.ALIASES.get(pool.gpu, pool.gpu)
+
+
+def _menu_problems(pools: Sequence[Pool], scenario: Scenario) -> list[str]:
+    """The "menu" check: the pools' catalogue GPUs that the scenario does not price."""
+    return [
+        f"{gpu} is not on the menu ({', '.join(scenario.prices)})"
+        for gpu in map(_catalogue_gpu, pools)
+        if gpu not in scenario.prices
+    ]
+
+
+def _membership_problems(pools: Sequence[Pool], scenario: Scenario) -> list[str]:
+    """The "pools" check: a class in no pool or in several, and a pool naming a class the scenario lacks."""
+    named = [name for pool in pools for name in pool.classes]
+    found = [
+        f"class {c.name!r} is in {named.count(c.name)} pools; put every class in exactly one"
+        for c in scenario.classes
+        if named.count(c.name) != 1
+    ]
+    known = {c.name for c in scenario.classes}
+    for name in sorted(set(named) - known):
+        found.append(
+            f"unknown class {name!r} in a pool; the scenario has {', '.join(c.name for c in scenario.classes)}"
+        )
+    return found
+
+
+def _truncation_problems(pool: Pool, scenario: Scenario, where: str) -> list[str]:
+    """The "cap" check: the pool's classes whose answers are longer than its ``max_output_tokens``."""
+    return [
+        f"max_output_tokens {pool.max_output_tokens} in {where} truncates {c.name}: its answers need up "
+        f"to {c.output_max}"
+        for c in scenario.classes
+        if c.name in pool.classes and pool.max_output_tokens < c.output_max
+    ]
+
+
+def _headroom_problems(pool: Pool, scenario: Scenario, where: str) -> list[str]:
+    """The "memory" check: a utilization that leaves too little of the GPU outside vLLM's share.
+
+    Only where the cache is sized from the profiling estimate (0.32; 0.34 without the extensible KV cache):
+    whatever vLLM did not profile must fit outside its share. Measured after warm-up, vLLM keeps its own margin.
+    """
+    gpu = _catalogue_gpu(pool)
+    if vllm.extensible_kv_cache(hardware.gpu(gpu), release=scenario.release).on:
+        return []
+    u = pool.gpu_memory_utilization
+    if u is None:
+        u = vllm.rules(scenario.release).default_utilization(False)
+    headroom = (1 - u) * hardware.gpu(gpu).total_memory / GiB
+    if u > MAX_UTILIZATION or headroom < MIN_HEADROOM_GIB:
+        return [
+            f"gpu_memory_utilization {u:g} in {where} leaves {headroom:.1f} GiB of the {gpu} outside vLLM's "
+            f"share (at most {MAX_UTILIZATION:g}, and at least {MIN_HEADROOM_GIB:g} GiB for CUDA graphs and "
+            "activation spikes): an out-of-memory crash waiting for peak load"
+        ]
+    return []
+
+
+def _start_problems(pool: Pool, scenario: Scenario, where: str) -> list[str]:
+    """The "start" check: vLLM would refuse the pool's replica, or one longest request does not fit its KV
+    cache. A pool serving none of the scenario's classes is not checked."""
+    from course.sim import parallel
+
+    if not set(pool.classes) & {c.name for c in scenario.classes}:
+        return []
+    g, gpu = parallel.get_geometry(scenario.model), _catalogue_gpu(pool)
+    try:
+        budget = pool_budget(pool, scenario)
+    except ValueError as err:  # a TP size the model's heads do not divide, a length past the model's
+        return [f"vLLM would not start {g.name} on {gpu} x TP {pool.tensor_parallel} in {where}: {err}"]
+    if budget.fits_one_request:
+        return []
+    return [
+        f"{g.name} does not start on {gpu} x TP {pool.tensor_parallel} at utilization "
+        f"{budget.utilization:g} ({where}): {budget.weights / GiB:.1f} GiB of weights per GPU, "
+        f"{budget.kv_memory / GiB:.1f} GiB left for the KV cache, and one {budget.max_model_len:,}-token "
+        f"request needs {budget.blocks_per_request} blocks; pick a larger card, more TP or a higher "
+        "utilization"
+    ]
 
 
 def _replica(pool: Pool, scenario: Scenario):

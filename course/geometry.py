@@ -151,6 +151,12 @@ class ModelGeometry:
     ssm_state_dtype: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_shape()
+        if self.layer_types is not None:
+            self._check_layer_types(self.layer_types)
+
+    def _check_shape(self) -> None:
+        """The sizes are positive integers, the heads group evenly, and MLA has both of its sizes."""
         for field_name in ("num_layers", "num_query_heads", "num_kv_heads", "head_dim", "hidden_size"):
             _check_positive_int(self.name, field_name, getattr(self, field_name))
         if self.num_query_heads % self.num_kv_heads:
@@ -173,21 +179,23 @@ class ModelGeometry:
                 f"{self.name}: MLA needs both kv_lora_rank and qk_rope_head_dim "
                 f"(got {self.kv_lora_rank!r} and {self.qk_rope_head_dim!r})"
             )
-        if self.layer_types is not None:
-            if len(self.layer_types) != self.num_layers:
-                raise ValueError(
-                    f"{self.name}: layer_types lists {len(self.layer_types)} layers, num_layers is {self.num_layers}"
-                )
-            unknown = set(self.layer_types) - set(KINDS)
-            if unknown:
-                raise ValueError(f"{self.name}: layer_types may hold {', '.join(KINDS)}; got {sorted(unknown)}")
-            kinds = {ATTENTION_OF.get(kind) for kind in self.layer_types}
-            if SLIDING in kinds and self.sliding_window is None:
-                raise ValueError(f"{self.name}: layer_types has sliding layers but sliding_window is not set")
-            if CHUNKED in kinds and self.attention_chunk_size is None:
-                raise ValueError(f"{self.name}: layer_types has chunked layers but attention_chunk_size is not set")
-            if WITH_STATE & set(self.layer_types) and not self.state_shapes:
-                raise ValueError(f"{self.name}: layer_types has state layers but state_shapes is not set")
+
+    def _check_layer_types(self, layer_types: tuple[str, ...]) -> None:
+        """One known kind per layer, and the size each kind needs is set (window, chunk, state shapes)."""
+        if len(layer_types) != self.num_layers:
+            raise ValueError(
+                f"{self.name}: layer_types lists {len(layer_types)} layers, num_layers is {self.num_layers}"
+            )
+        unknown = set(layer_types) - set(KINDS)
+        if unknown:
+            raise ValueError(f"{self.name}: layer_types may hold {', '.join(KINDS)}; got {sorted(unknown)}")
+        kinds = {ATTENTION_OF.get(kind) for kind in layer_types}
+        if SLIDING in kinds and self.sliding_window is None:
+            raise ValueError(f"{self.name}: layer_types has sliding layers but sliding_window is not set")
+        if CHUNKED in kinds and self.attention_chunk_size is None:
+            raise ValueError(f"{self.name}: layer_types has chunked layers but attention_chunk_size is not set")
+        if WITH_STATE & set(layer_types) and not self.state_shapes:
+            raise ValueError(f"{self.name}: layer_types has state layers but state_shapes is not set")
 
     @property
     def is_mla(self) -> bool:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # imported for the annotations only: drawing a trace needs ne
 
     from course.kv.budget import KVBudget
     from course.sim.blocks import BlockManager
-    from course.sim.results import RequestRecord, SimResult
+    from course.sim.results import RequestRecord, SimResult, StepLog
     from course.workload import RequestSpec
 
 GiB = 2**30
@@ -194,7 +194,23 @@ def _shown_requests(result: SimResult, start: float, end: float, max_requests: i
 
 
 def _draw_batch(ax: Axes, result: SimResult, start: float, end: float, max_requests: int) -> None:
-    steps = result.steps
+    """One panel of :func:`batched_timeline`: the steps behind, a row per request, the longest pause marked."""
+    _draw_steps(ax, result.steps, start, end, max_requests)
+    shown = _shown_requests(result, start, end, max_requests)
+    for row, r in enumerate(shown):
+        _draw_request_row(ax, row, r)
+    ax.set_yticks(range(len(shown)), [f"{r.request_id} ({r.prompt_tokens} in)" for r in shown], fontsize=8)
+    ax.set_ylim(len(shown) - 0.5, -0.5)
+    ax.set_xlim(start * MS, end * MS)
+    ax.grid(False)
+    stall = _longest_pause(shown, start, end)
+    if stall is not None:
+        row, a, b = stall
+        _span(ax, a * MS, b * MS, row + 0.45, f"longest ITL {(b - a) * MS:.3g} ms", "longest itl", above=False)
+
+
+def _draw_steps(ax: Axes, steps: StepLog, start: float, end: float, max_requests: int) -> None:
+    """A thin line at every step start in [start, end], and a band over every step that computed prompt tokens."""
     keep = np.flatnonzero((steps.end >= start) & (steps.start <= end))
     # Steps that computed prompt tokens, shaded: their length is the pause every running stream sees.
     for i in keep:
@@ -208,26 +224,28 @@ def _draw_batch(ax: Axes, result: SimResult, start: float, end: float, max_reque
                 gid=f"step {i}",
             )
     ax.vlines(steps.start[keep] * MS, -0.5, max_requests, color="#BBBBBB", linewidth=0.5, gid="boundaries of the steps")
-    shown = _shown_requests(result, start, end, max_requests)
-    for row, r in enumerate(shown):
-        admitted = list(r.scheduled)
-        if admitted and admitted[0] > r.arrival_time:
-            ax.broken_barh([(r.arrival_time * MS, (admitted[0] - r.arrival_time) * MS)], (row - 0.3, 0.6), color=QUEUE)
-        for t in admitted:  # each admission prefills (or recomputes) until its next token
-            after = r.token_times[r.token_times >= t]
-            if len(after):
-                ax.broken_barh([(t * MS, (after[0] - t) * MS)], (row - 0.3, 0.6), color=plotting.COLORS["prefill"])
-        ax.vlines(
-            r.token_times * MS, row - 0.35, row + 0.35, color=plotting.COLORS["decode"], linewidth=1.2,
-            gid=f"tokens {r.request_id}",
-        )  # fmt: skip
-        for t in r.preempted:
-            ax.plot([t * MS], [row], marker="x", color=MISS, gid=f"preempted {r.request_id}")
-    ax.set_yticks(range(len(shown)), [f"{r.request_id} ({r.prompt_tokens} in)" for r in shown], fontsize=8)
-    ax.set_ylim(len(shown) - 0.5, -0.5)
-    ax.set_xlim(start * MS, end * MS)
-    ax.grid(False)
-    # The longest pause between two tokens of one request inside the window: the stall, if any.
+
+
+def _draw_request_row(ax: Axes, row: int, r: RequestRecord) -> None:
+    """Request ``r`` in row ``row``: its queueing, each admission's prefill, its tokens, its preemptions."""
+    admitted = list(r.scheduled)
+    if admitted and admitted[0] > r.arrival_time:
+        ax.broken_barh([(r.arrival_time * MS, (admitted[0] - r.arrival_time) * MS)], (row - 0.3, 0.6), color=QUEUE)
+    for t in admitted:  # each admission prefills (or recomputes) until its next token
+        after = r.token_times[r.token_times >= t]
+        if len(after):
+            ax.broken_barh([(t * MS, (after[0] - t) * MS)], (row - 0.3, 0.6), color=plotting.COLORS["prefill"])
+    ax.vlines(
+        r.token_times * MS, row - 0.35, row + 0.35, color=plotting.COLORS["decode"], linewidth=1.2,
+        gid=f"tokens {r.request_id}",
+    )  # fmt: skip
+    for t in r.preempted:
+        ax.plot([t * MS], [row], marker="x", color=MISS, gid=f"preempted {r.request_id}")
+
+
+def _longest_pause(shown: list[RequestRecord], start: float, end: float) -> tuple[int, float, float] | None:
+    """The longest pause between two tokens of one request inside [start, end]: the stall, if any, as
+    (row, the token before it, the token after it; s); None when no row has two tokens there."""
     worst, where = 0.0, None
     for row, r in enumerate(shown):
         times = r.token_times[(r.token_times >= start) & (r.token_times <= end)]
@@ -235,9 +253,7 @@ def _draw_batch(ax: Axes, result: SimResult, start: float, end: float, max_reque
             k = int(np.argmax(np.diff(times)))
             if times[k + 1] - times[k] > worst:
                 worst, where = float(times[k + 1] - times[k]), (row, times[k], times[k + 1])
-    if where is not None:
-        row, a, b = where
-        _span(ax, a * MS, b * MS, row + 0.45, f"longest ITL {worst * MS:.3g} ms", "longest itl", above=False)
+    return where
 
 
 def batched_timeline(

@@ -176,6 +176,17 @@ def use_weight_only(model: Any, path: str) -> int:
     """
     import torch
 
+    _check_weight_path(model, path)
+    switched = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and _switch_linear(module, path):
+            switched += 1
+    model._course_weight_path = path
+    return switched
+
+
+def _check_weight_path(model: Any, path: str) -> None:
+    """Raise ValueError unless ``model``'s linear layers can run on ``path`` here (see :func:`use_weight_only`)."""
     if path not in QUANT_PATHS:
         raise ValueError(f"weight path {path!r}: choose one of {', '.join(QUANT_PATHS)}")
     if path == INT4_KERNEL and (reason := int4_available()):
@@ -183,31 +194,34 @@ def use_weight_only(model: Any, path: str) -> int:
     device = next(model.parameters()).device
     if path != FP and device.type != "cpu":
         raise ValueError(f"weight-only {path} is wired to PyTorch's CPU kernels; the model is on {device.type}")
-    switched = 0
-    for module in model.modules():
-        if not isinstance(module, torch.nn.Linear):
-            continue
-        if path == FP:
-            module.__dict__.pop("forward", None)
-        elif path in (INT8_KERNEL, INT8_DEQUANTIZE):
-            if getattr(module, "_course_int8", None) is None:
-                module._course_int8 = quantize_int8(module.weight)
-            q, scales = module._course_int8
-            make = _int8_kernel_forward if path == INT8_KERNEL else _int8_dequantize_forward
-            module.forward = make(q, scales, module.bias)
-        else:
-            if (group := int4_group(module.in_features)) is None:
-                module.__dict__.pop("forward", None)  # no group size fits: this layer stays as built
-                continue
-            if getattr(module, "_course_int4", None) is None:
-                q, scales_and_zeros = quantize_int4(module.weight, group)
-                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-                module._course_int4 = (packed, scales_and_zeros)
-            packed, scales_and_zeros = module._course_int4
-            module.forward = _int4_kernel_forward(packed, scales_and_zeros, group, module.out_features, module.bias)
-        switched += 1
-    model._course_weight_path = path
-    return switched
+
+
+def _switch_linear(module: Any, path: str) -> bool:
+    """Point one ``nn.Linear``'s forward at ``path``; False for a layer the int4 path leaves as built."""
+    if path == FP:
+        module.__dict__.pop("forward", None)
+    elif path in (INT8_KERNEL, INT8_DEQUANTIZE):
+        q, scales = quantize_int8_cached(module)
+        make = _int8_kernel_forward if path == INT8_KERNEL else _int8_dequantize_forward
+        module.forward = make(q, scales, module.bias)
+    elif (group := int4_group(module.in_features)) is None:
+        module.__dict__.pop("forward", None)  # no group size fits: this layer stays as built
+        return False
+    else:
+        packed, scales_and_zeros = _int4_packed_cached(module, group)
+        module.forward = _int4_kernel_forward(packed, scales_and_zeros, group, module.out_features, module.bias)
+    return True
+
+
+def _int4_packed_cached(module: Any, group: int) -> tuple[Any, Any]:
+    """The int4 kernel's packed weights and their scales and zeros for a linear layer, made once and kept on it."""
+    import torch
+
+    if getattr(module, "_course_int4", None) is None:
+        q, scales_and_zeros = quantize_int4(module.weight, group)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        module._course_int4 = (packed, scales_and_zeros)
+    return module._course_int4
 
 
 def weight_path(model: Any) -> str:

@@ -621,25 +621,44 @@ def _weights(
     return total_weight_bytes(g, weight_dtype or served, spec), None
 
 
-def _notes(
+def _extensible_status(
+    spec: HardwareSpec,
+    rules: vllm.KVRules,
+    asked: bool | None,
+    kv_cache_memory_bytes: float | None,
+    num_gpu_blocks_override: int | None,
+) -> vllm.ExtensibleStatus:
+    """Whether 0.34's extensible KV cache sizes this budget: as vLLM resolves it
+    (:func:`course.kv.vllm.extensible_kv_cache`), or as ``asked`` (``--[no-]enable-extensible-kv-cache``); asking
+    for it where vLLM would refuse it is a ValueError."""
+    status = vllm.extensible_kv_cache(
+        spec,
+        release=rules.release,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        num_gpu_blocks_override=num_gpu_blocks_override,
+    )
+    if asked is None:
+        return status
+    if asked and not status.on and rules.extensible_kv_cache:
+        raise ValueError(f"extensible_kv_cache: cannot be on here ({status.reason}); vLLM refuses the same")
+    if asked and not rules.extensible_kv_cache:
+        raise ValueError(f"extensible_kv_cache: {rules.release.name} has none (it came in 0.34)")
+    if not asked and status.on:
+        return vllm.ExtensibleStatus(False, "the extensible KV cache is off (--no-enable-extensible-kv-cache)")
+    return status
+
+
+def _sizing_notes(
     g: ModelGeometry,
     spec: HardwareSpec,
-    tp: int,
-    kv: KVDtype,
     dtype: str,
     model_dtype: str,
     profiled: bool,
-    groups: tuple[KVGroup, ...],
-    per_group: int,
-    block_size: int,
-    effective_block: int,
-    state_page: float,
-    in_flight: int,
-    max_num_batched_tokens: int,
     rules: vllm.KVRules,
     extensible: vllm.ExtensibleStatus,
 ) -> list[str]:
-    """What the report should say about how this budget differs from the plain formula."""
+    """How vLLM sizes the memory here: the extensible KV cache or the estimate, the platform, the served dtype,
+    and the measurements not given."""
     notes = []
     if extensible.on:
         notes.append(
@@ -671,6 +690,24 @@ def _notes(
             "activation peak, non-torch and CUDA-graph memory not given (0): vLLM measures them at startup, so the "
             "real budget is smaller" + (" (the figure above is the ceiling)" if extensible.on else "")
         )
+    return notes
+
+
+def _layout_notes(
+    g: ModelGeometry,
+    tp: int,
+    kv: KVDtype,
+    groups: tuple[KVGroup, ...],
+    per_group: int,
+    block_size: int,
+    effective_block: int,
+    state_page: float,
+    in_flight: int,
+    max_num_batched_tokens: int,
+) -> list[str]:
+    """What the cache's layout adds: several KV-cache groups, a block raised for state layers, sliding windows,
+    heads replicated or a latent kept whole under tensor parallelism, a quantized KV dtype."""
+    notes = []
     if len({group.kind for group in groups}) > 1:
         notes.append(
             f"{len(groups)} KV-cache groups of {per_group} layers ({', '.join(sorted({gr.kind for gr in groups}))}): "
@@ -780,19 +817,7 @@ def budget(
     if num_gpu_blocks_override is not None:
         _positive_int("num_gpu_blocks_override", num_gpu_blocks_override)
     _positive_int("pipeline_parallel", pipeline_parallel)
-    status = vllm.extensible_kv_cache(
-        spec,
-        release=rules.release,
-        kv_cache_memory_bytes=kv_cache_memory_bytes,
-        num_gpu_blocks_override=num_gpu_blocks_override,
-    )
-    if extensible_kv_cache is not None:
-        if extensible_kv_cache and not status.on and rules.extensible_kv_cache:
-            raise ValueError(f"extensible_kv_cache: cannot be on here ({status.reason}); vLLM refuses the same")
-        if extensible_kv_cache and not rules.extensible_kv_cache:
-            raise ValueError(f"extensible_kv_cache: {rules.release.name} has none (it came in 0.34)")
-        if not extensible_kv_cache and status.on:
-            status = vllm.ExtensibleStatus(False, "the extensible KV cache is off (--no-enable-extensible-kv-cache)")
+    status = _extensible_status(spec, rules, extensible_kv_cache, kv_cache_memory_bytes, num_gpu_blocks_override)
     utilization_given = utilization is not None
     if utilization is None:
         utilization = rules.default_utilization(status.on)
@@ -834,10 +859,12 @@ def budget(
     )
     given = kv_cache_memory_bytes is not None or num_gpu_blocks_override is not None
     profiled = given or bool(activation or non_torch or graphs or peak)
-    notes = ([weights_note] if weights_note else []) + _notes(
-        g, spec, tp, kv, dtype, model_dtype, profiled, groups, per_group, block_size, effective_block, state_page,
-        in_flight, max_num_batched_tokens, rules, status,
-    )  # fmt: skip
+    # how this budget differs from the plain formula: first how the memory is sized, then the cache's layout
+    notes = [weights_note] if weights_note else []
+    notes += _sizing_notes(g, spec, dtype, model_dtype, profiled, rules, status)
+    notes += _layout_notes(
+        g, tp, kv, groups, per_group, block_size, effective_block, state_page, in_flight, max_num_batched_tokens
+    )
     return KVBudget(
         model=g.name,
         gpu=spec.name,

@@ -484,17 +484,26 @@ def report(version: str, since: str, run_tests: bool = True) -> dict:
 
 
 def _print(data: dict) -> None:
+    """:func:`report`'s data as :func:`main` prints it: what changed, the drift tests, the CPU build."""
     version, since = data["version"], data["since"]
     print(f"vLLM {since} -> {version}: what moved of what the course cites\n")
     print(
         f"files cited: {data['files_cited']}, changed: {data['files_changed']}; functions, classes and constants "
         f"cited: {data['names_cited']}, changed or moved: {data['names_changed']}"
     )
+    _print_changes(data["changes"])
+    if data["drift"] is not None:
+        _print_drift(data["drift"], version)
+    print("\n" + CpuBuildStatus(**data["cpu"]).describe())
+
+
+def _print_changes(changes: list[dict]) -> None:
+    """Each cited file that changed or whose cited names did, with the names that moved; then the unchanged."""
     by_path: dict[str, list[dict]] = {}
-    for change in data["changes"]:
+    for change in changes:
         by_path.setdefault(change["path"], []).append(change)
-    for path, changes in by_path.items():
-        file, names = changes[0], changes[1:]
+    for path, in_file in by_path.items():
+        file, names = in_file[0], in_file[1:]
         moved = [c for c in names if c["status"] != "unchanged"]
         if file["status"] == "unchanged" and not moved:
             continue
@@ -506,25 +515,26 @@ def _print(data: dict) -> None:
             print(f"    {change['status']:9s} {change['name']}" + (f"  {change['detail']}" if change["detail"] else ""))
         if moved or file["status"] != "changed":
             print(f"    cited in: {', '.join(file['places'])}")
-    unchanged = [c["path"] for c in data["changes"] if c["name"] is None and c["status"] == "unchanged"]
+    unchanged = [c["path"] for c in changes if c["name"] is None and c["status"] == "unchanged"]
     if unchanged:
         print(f"\nunchanged files: {', '.join(unchanged)}")
-    drift = data["drift"]
-    if drift is not None:
-        print(
-            f"\nsource drift tests (tests/oracle/sources), the course's vLLM {drift['expected']} facts against vLLM "
-            f"{version}'s code: {drift['summary']}"
-        )
-        by_test: dict[str, list[str]] = {}
-        for test in drift["failed"]:
-            name, _, case = test.split("::")[-1].partition("[")
-            by_test.setdefault(name, []).append(case.rstrip("]"))
-        for name, cases in by_test.items():
-            shown = ", ".join(c for c in cases[:6] if c) + (", ..." if len(cases) > 6 else "")
-            print(f"    FAILED {name}" + (f" ({len(cases)} cases: {shown})" if shown else ""))
-        for message in drift["messages"][:12]:
-            print(f"      {message}")
-    print("\n" + CpuBuildStatus(**data["cpu"]).describe())
+
+
+def _print_drift(drift: dict, version: str) -> None:
+    """The source drift tests' summary, the failed tests with their cases, and their first messages."""
+    print(
+        f"\nsource drift tests (tests/oracle/sources), the course's vLLM {drift['expected']} facts against vLLM "
+        f"{version}'s code: {drift['summary']}"
+    )
+    by_test: dict[str, list[str]] = {}
+    for test in drift["failed"]:
+        name, _, case = test.split("::")[-1].partition("[")
+        by_test.setdefault(name, []).append(case.rstrip("]"))
+    for name, cases in by_test.items():
+        shown = ", ".join(c for c in cases[:6] if c) + (", ..." if len(cases) > 6 else "")
+        print(f"    FAILED {name}" + (f" ({len(cases)} cases: {shown})" if shown else ""))
+    for message in drift["messages"][:12]:
+        print(f"      {message}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -517,7 +517,7 @@ def server_prefill_counters(base_url: str) -> tuple[float, float, float, float] 
     Two readings around a run of lone requests give a :class:`FrontEndSplit`."""
     import httpx
 
-    from course.vllm_lab import metric_value, parse_metrics
+    from course.metrics_text import metric_value, parse_metrics
 
     name = "vllm:time_to_first_token_seconds"
     try:

@@ -53,8 +53,11 @@ def forbid_reference(*modules: ModuleType) -> Iterator[None]:
     Works however the function was reached (``course.metrics.ttft``, ``from course.metrics
     import ttft as t``, a wrapper): it watches which source files the calls run in, on this
     thread and on threads started inside the block (a server or a worker pool started by the
-    answer). Threads that were already running before the block are not watched.
+    answer). Threads that were already running before the block are not watched. A module whose reference
+    lives partly in other modules names them in ``REFERENCE_MODULES`` (``course.vllm_lab``'s /metrics
+    readers are ``course.metrics_text``'s); those are watched with it.
     """
+    modules = (*modules, *(part for module in modules for part in getattr(module, "REFERENCE_MODULES", ())))
     files = {str(Path(module.__file__).resolve()) for module in modules}
     files |= {module.__file__ for module in modules}
     for module in modules:  # a package (course.kv): every module in it

@@ -7,9 +7,10 @@ Everything the lab reads from vLLM, it reads the way a learner would: the startu
 * :func:`parse_startup_log` finds the KV-capacity line and the engine's settings in a ``vllm serve``
   log; :func:`predicted_budget` is the course's calculator (:func:`course.kv.budget`) for the same
   server, whose :attr:`~course.kv.KVBudget.log_line` is what vLLM should print.
-* :func:`parse_metrics`, :func:`metric_value` and :func:`counter_delta` read Prometheus snapshots
-  (with ``prometheus_client``'s own parser); :func:`engine_counters` turns two snapshots into the
-  prefix-cache hit rate, preemptions and admission rejections between them.
+* :func:`parse_metrics`, :func:`metric_value` and :func:`counter_delta` (from :mod:`course.metrics_text`,
+  importable from here too) read Prometheus snapshots with ``prometheus_client``'s own parser;
+  :func:`engine_counters` turns two snapshots into the prefix-cache hit rate, preemptions and admission
+  rejections between them.
 * :func:`bench_traces` turns ``vllm bench serve`` per-request times into :class:`course.trace.RequestTrace`
   so the course's metric functions read vLLM's own benchmark run.
 * :class:`VLLMServer` starts and stops ``vllm serve`` (when vLLM is installed: :func:`vllm_missing`
@@ -39,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from course import metrics_text
+from course.metrics_text import Snapshot, counter_delta, metric_value, parse_metrics
 from course.trace import RequestTrace, load_traces
 from course.vllm_release import VLLM_VERSION
 
@@ -146,50 +149,9 @@ def predicted_budget(config: str | Path | Mapping, *, max_model_len: int, dtype:
 
 # --- /metrics ------------------------------------------------------------------------------------
 
-Snapshot = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def parse_metrics(text: str) -> Snapshot:
-    """Every sample of a Prometheus text page: ``{(sample name, sorted label pairs): value}``.
-
-    Uses ``prometheus_client``'s own parser, so the format is read as Prometheus reads it.
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples: Snapshot = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
-    return samples
-
-
-def metric_value(snapshot: Snapshot, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels`` (0.0 when it has none).
-
-    Raises KeyError when the snapshot has no sample of that name at all (a typo, or a metric this
-    server does not export), so a misspelt name is not read as zero.
-    """
-    found = [
-        value
-        for (sample, pairs), value in snapshot.items()
-        if sample == name and all(dict(pairs).get(k) == v for k, v in labels.items())
-    ]
-    if not any(sample == name for sample, _ in snapshot):
-        known = sorted({sample for sample, _ in snapshot if sample.startswith(name.split("_")[0])})[:8]
-        raise KeyError(f"no metric {name!r} in this snapshot (some that are: {known})")
-    return float(sum(found))
-
-
-def counter_delta(before: Snapshot, after: Snapshot, name: str, **labels: str) -> float:
-    """How much counter ``name`` grew between two snapshots of the same server.
-
-    Counters only grow while the server lives; a smaller value means the server restarted between
-    the snapshots, and the difference would be meaningless: that is a ValueError.
-    """
-    grown = metric_value(after, name, **labels) - metric_value(before, name, **labels)
-    if grown < 0:
-        raise ValueError(f"{name} went down ({grown:+g}): the snapshots are not of one server's lifetime")
-    return grown
+# The page's parser and readers are course.metrics_text's (course.capacity reads live servers with them too),
+# imported above; they are still the lab's reference: course.grading.forbid_reference(vllm_lab) watches them.
+REFERENCE_MODULES = (metrics_text,)
 
 
 @dataclass(frozen=True)

@@ -164,3 +164,16 @@ def test_forbid_reference_names_a_subpackage_module_by_its_full_name():
 
     with pytest.raises(AssertionError, match=r"\(course\.sim\.blocks\.prompt_block_hashes\)"), forbid_reference(blocks):
         blocks.prompt_block_hashes("r", 8, 4)
+
+
+def test_forbid_reference_watches_the_parts_a_module_names_as_its_reference():
+    """course.vllm_lab's /metrics readers live in course.metrics_text (course.capacity reads pages too): calling
+    them through the lab, or by their own module, is still calling module 7's reference."""
+    from course import metrics_text, vllm_lab
+
+    page = 'vllm:num_preemptions_total{engine="0"} 3.0\n'
+    with pytest.raises(AssertionError, match=r"\(course\.metrics_text\.parse_metrics\)"), forbid_reference(vllm_lab):
+        vllm_lab.parse_metrics(page)
+    snapshot = metrics_text.parse_metrics(page)
+    with pytest.raises(AssertionError, match=r"\(course\.metrics_text\.metric_value\)"), forbid_reference(vllm_lab):
+        metrics_text.metric_value(snapshot, "vllm:num_preemptions_total")

@@ -105,3 +105,14 @@ def test_the_in_process_client_reads_and_writes_its_cores_parts(lm):
         engine.step()
     assert engine.steps == engine.core.steps == 1 and engine.tokens_generated == 2 and engine.stats()["steps"] == 1
     engine.stop()
+
+
+def test_module_2s_guard_watches_the_core_too(lm):
+    """forbid_reference(course.serving.engine) refuses an answer that builds and steps the core itself."""
+    import course.serving.engine
+    from course.grading import forbid_reference
+    from course.serving.config import EngineConfig
+    from course.serving.engine_core import EngineCore
+
+    with pytest.raises(AssertionError, match="course.serving.engine_core"), forbid_reference(course.serving.engine):
+        EngineCore(lm, EngineConfig(max_batch_size=1))

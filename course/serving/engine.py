@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from course.models import LanguageModel
+from course.serving import engine_core
 from course.serving.config import EngineConfig
 from course.serving.engine_client import checked_prompt
 from course.serving.engine_core import EngineCore
@@ -40,6 +41,10 @@ from course.serving.request import (
 from course.serving.sampler import SamplingParams
 
 __all__ = ["Engine", "EngineCore", "EngineRequest", "EngineStopped", "FinishReason", "SamplingParams", "TokenEvent"]
+
+# The reference engine is this client and its core: course.grading.forbid_reference(course.serving.engine), module
+# 2's guard, watches both, so an answer that steps an EngineCore itself is refused as one that uses Engine is.
+REFERENCE_MODULES = (engine_core,)
 
 
 class _OfCore:

@@ -172,8 +172,10 @@ def _admission_order(r: _FastRequest) -> int:
 def _sample(r: _FastRequest, step: int) -> bool:
     """The step computed all of ``r``'s tokens, so it samples the next one; True when that was the last.
 
-    The token is remembered in ``r``'s runs of consecutive steps (see the module docstring).
-    :meth:`FastLedger._schedule_running` inlines this: it is the loop the simulator spends its time in.
+    The token is remembered in ``r``'s runs of consecutive steps (see the module docstring). Every path that
+    computes tokens calls this, the exact loop (:meth:`FastLedger._schedule_running`) included: one call per
+    sampled token there cost 3 % of the instructions where that loop runs most (benchmarks/RESULTS.md, "Why the
+    fast loop is written as it is").
     """
     r.generated += 1
     r.num_tokens += 1
@@ -219,6 +221,7 @@ class FastLedger:
         self.async_scheduling = config.async_scheduling and config.scheduler == "continuous"
         self.finishing: list[_FastRequest] = []
         self.admissions = 0
+        self.preemptions = 0  # victims so far (_preempt_for): a step that preempted admits nobody
         self.prefilled = False  # the last step admitted (prefilled) requests: module 2's loop decodes next
         self.finished: list[_FastRequest] = []  # who finished in the step just scheduled
         self.slow = False  # the step just scheduled took the exact path (the fast path's lists need rebuilding)
@@ -330,24 +333,18 @@ class FastLedger:
         """
         step, bs, decoders = self.step, self.bs, self.decoders
         crossings = self.phases[-step % bs] if decoders else 0
-        tokens, new_blocks, cap = decoders, crossings, self.cap
-        active = self.active
-        for r in active:
-            n = r.num_tokens - r.computed  # rules.chunk_size, inlined (see _schedule_running)
-            if 0 < cap < n:
-                n = cap
-            tokens += n
-            if r.computed + n > r.capacity:
-                new_blocks += cdiv(r.computed + n, bs) - r.capacity // bs
+        tokens, new_blocks = self._active_demand()
+        tokens += decoders
+        new_blocks += crossings
         if tokens > budget or new_blocks > self.blocks.num_free_blocks:
             return None
         if crossings:
             self.blocks.hold(crossings)
             self.held += crossings
-        context = self.context
+        context, cap = self.context, self.cap
         prefill, decode, kv_read, pairs, seqs = 0, decoders, context, context + decoders, decoders
         reserve = self.blocks.reserve
-        for r in active:  # _schedule_running's loop, without preemption (the blocks were counted)
+        for r in self.active:  # _schedule_running's loop, without preemption (the blocks were counted)
             c = r.computed
             num_tokens = r.num_tokens
             n = num_tokens - c  # rules.chunk_size, inlined: they fit the budget
@@ -380,6 +377,19 @@ class FastLedger:
             finished.append(r)
         self.context += self.decoders  # every other lazy decode computed one more token
         return (prefill, decode, kv_read, pairs, seqs), budget - tokens
+
+    def _active_demand(self) -> tuple[int, int]:
+        """(tokens, new blocks) the active (not lazy) running requests ask for in this step, uncut by the budget."""
+        bs, cap = self.bs, self.cap
+        tokens = new_blocks = 0
+        for r in self.active:
+            n = r.num_tokens - r.computed  # rules.chunk_size, inlined (see _schedule_running)
+            if 0 < cap < n:
+                n = cap
+            tokens += n
+            if r.computed + n > r.capacity:
+                new_blocks += cdiv(r.computed + n, bs) - r.capacity // bs
+        return tokens, new_blocks
 
     def _catch_up(self, r: _FastRequest, step: int) -> None:
         """Bring a lazy decode's counters to the start of ``step``: one token per step since ``r.sync``."""
@@ -531,18 +541,17 @@ class FastLedger:
         and when blocks run out :meth:`_preempt_for` makes room. Finished requests are appended to
         ``finished``. Returns (the step's load so far, budget left, whether anything was preempted).
 
-        This loop is where the simulator spends its time (once per scheduled token), so it keeps
-        to locals, calls out only at block boundaries and inlines :func:`_sample` and three rules of
-        :mod:`course.rules` (``chunk_size``, ``step_load``'s decode test, ``attention_pairs``), as
+        This loop is where the simulator spends its time when the fast path cannot run (once per scheduled
+        token), so it keeps to locals, calls out only at block boundaries and to :func:`_sample`, and inlines
+        three rules of :mod:`course.rules` (``chunk_size``, ``step_load``'s decode test, ``attention_pairs``), as
         :meth:`_fast_running` does, because measured instruction counts showed the gain
         (benchmarks/RESULTS.md, "Why the fast loop is written as it is").
         The property tests (``tests/test_sim_properties.py``) hold these copies equal to the rules.
         """
         threshold, caching, step, bs = self.cap, self.caching, self.step, self.bs
         reserve = self.blocks.reserve
-        previous_step = step - 1
         prefill = decode = kv_read = pairs = seqs = 0
-        preempted = False
+        preemptions = self.preemptions
         # Preemption pops victims off the end of the list; iteration then stops before them, as
         # the for statement's internal index is checked against the list's current length.
         for r in self.running:
@@ -556,11 +565,9 @@ class FastLedger:
             if n > budget:
                 n = budget
             after = c + n
-            if after > r.capacity:  # crosses into a new block
-                if not reserve(r.request_id, after):
-                    preempted = True
-                    if not self._preempt_for(r, after):
-                        break
+            if after > r.capacity:  # crosses into a new block: reserve it, preempting others if blocks run out
+                if not reserve(r.request_id, after) and not self._preempt_for(r, after):
+                    break  # r was the last one left to preempt
                 r.capacity = cdiv(after, bs) * bs
             if caching and r.registered < len(r.hashes):
                 self._register(r, after)
@@ -574,16 +581,9 @@ class FastLedger:
             budget -= n
             seqs += 1
             r.computed = after
-            if after == num_tokens:  # caught up: this step samples the next token (_sample, inlined)
-                generated = r.generated + 1
-                r.generated = generated
-                r.num_tokens = num_tokens + 1
-                if r.last_step != previous_step:
-                    r.start_run(step)
-                r.last_step = step
-                if generated == r.output_tokens:
-                    finished.append(r)
-        return (prefill, decode, kv_read, pairs, seqs), budget, preempted
+            if after == num_tokens and _sample(r, step):  # caught up: this step samples the next token
+                finished.append(r)
+        return (prefill, decode, kv_read, pairs, seqs), budget, self.preemptions > preemptions
 
     def _preempt_for(self, r: _FastRequest, after: int) -> bool:
         """Preempt the most recently admitted requests until ``r`` gets blocks for ``after`` tokens.
@@ -598,6 +598,7 @@ class FastLedger:
             held = len(finishing)
             victim = rules.pop_victim(running, finishing, _admission_order)
             victim.preempted_steps.append(self.step)
+            self.preemptions += 1
             if len(finishing) < held:
                 # finishing: vLLM preempts it, then finishes it from the waiting queue when its last token
                 # arrives (rules module docstring); the step admits nobody, so it never joins the queue here

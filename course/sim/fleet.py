@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from course import metrics
+from course.rate_search import highest_rate, replicas_needed
 from course.sim.blocks import prompt_block_hashes
 from course.sim.config import SimConfig
 from course.sim.results import SimResult
@@ -388,8 +389,8 @@ def plan_capacity(
 
     For every GPU of ``gpu_prices`` (name -> $ per GPU-hour), TP size and PP size at which the model
     starts (:func:`course.sim.parallel.parallel_budget`): the highest rate one replica holds the SLO at
-    (:func:`course.capacity.highest_rate`, each probe a simulation of ``make_workload(rate)``), the
-    replicas that rate calls for (:func:`course.capacity.replicas_needed`), then the whole fleet
+    (:func:`course.rate_search.highest_rate`, each probe a simulation of ``make_workload(rate)``), the
+    replicas that rate calls for (:func:`course.rate_search.replicas_needed`), then the whole fleet
     simulated behind ``router`` at the target rate; replicas are added (up to ``max_extra_replicas``)
     while the fleet misses the SLO, since a router never splits load as evenly as the division assumes.
     Returns the plans sorted by price, cheapest first; plans over ``max_gpus`` GPUs are skipped.
@@ -437,15 +438,14 @@ class _ShapeSearch:
         """The plan for replicas of ``tp x pp`` GPUs of ``gpu`` (``price`` $ per GPU-hour) that run ``config``
         and ``cost``: the highest rate one replica holds the SLO at, the replicas the target rate calls for,
         then the fleet that holds it (:meth:`fleet`)."""
-        from course import capacity
 
         def holds(rate: float) -> bool:
             return self.slo.holds(simulate(self.make_workload(rate), config, cost).traces)
 
-        found = capacity.highest_rate(holds, *self.rate_bracket, rel_tol=self.rel_tol)
+        found = highest_rate(holds, *self.rate_bracket, rel_tol=self.rel_tol)
         if found.rate <= 0:
             return Plan(gpu, tp, pp, 0, 0.0, False, math.inf, note="holds the SLO at no rate")
-        replicas = capacity.replicas_needed(self.target_rate, found.rate, self.headroom)
+        replicas = replicas_needed(self.target_rate, found.rate, self.headroom)
         if replicas * tp * pp > self.max_gpus:
             return Plan(gpu, tp, pp, replicas, found.rate, False, replicas * tp * pp * price,
                         note=f"needs more than max_gpus={self.max_gpus} GPUs; not simulated")  # fmt: skip

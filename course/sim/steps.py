@@ -202,7 +202,7 @@ def prefill_first_step(
 class PrefillThenDecode:
     """:func:`prefill_first_step` with one decode step after every prefill step.
 
-    This is the loop of module 2's reference server (``course/serving/engine.py``) and of many
+    This is the loop of module 2's reference server (``course/serving/engine_core.py``) and of many
     simple engines: each iteration prefills the requests it admitted, then decodes every running
     request once. V0 instead starts another prefill step as long as a prompt can start.
     """

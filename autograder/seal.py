@@ -486,17 +486,14 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
         kind = b_type(value)
         return is_plain(kind) or kind is t_dict or kind is t_list or kind is t_tuple or kind is t_set
 
-    def lazy_change(before, now, modules: dict) -> bool:
+    def lazy_change(before, now, modules: dict, owner: str, attribute: str) -> bool:
         """A change a library makes by itself, none of them a way to change a verdict: a value set on first
-        use (None before), one data structure for another, a lazily imported submodule; never one whose new
-        value is the notebook's code or holds it."""
+        use (None before), one data structure for another, a submodule imported lazily; never one whose new
+        value is the notebook's code or holds it (``owner``: the module's name in sys.modules)."""
         if now is modules:  # the name is gone
             return False
         if b_type(now) is t_module:
-            for module in modules.values():  # noqa: SIM110 (any() is a builtin, looked up at call time)
-                if module is now:
-                    return True
-            return False
+            return genuine_submodule(before, now, modules, owner, attribute)
         if not (before is None or (is_data(before) and is_data(now))):
             return False
         if from_notebook_object(now):
@@ -506,12 +503,34 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
                 return False
         return True
 
+    def genuine_submodule(before, now, modules: dict, owner: str, attribute: str) -> bool:
+        """Whether the module ``now``, found in place of ``before`` as ``owner.attribute``, is what an import
+        puts there: the module sys.modules holds under its own name, and that name is the one ``before`` had
+        (a module imported again) or ``owner.attribute`` (a package's submodule). A module the notebook made
+        and registered under another name (``np.testing = fake``, ``course.grading.math = fake``) is not."""
+        name = module_name(now)
+        if name is None or modules.get(name, modules) is not now:
+            return False
+        if b_type(before) is t_module:
+            return module_name(before) == name
+        return name == owner + "." + attribute
+
+    def module_name(module):
+        """A module's ``__name__`` when it is an exact string, read from its dictionary without hashing a key
+        (a key could be a string subclass with code of its own); None otherwise."""
+        for key, value in dict_items(module_dict(module)):
+            if b_type(key) is t_str and key == "__name__":
+                return value if b_type(value) is t_str else None
+        return None
+
     def held_values(data):
-        """What a dict, list or tuple holds, each to be looked at (a dict with a key that is not an exact string:
-        the dict itself); nothing for other data."""
+        """What a dict (its keys and values), list or tuple holds, each to be looked at; nothing for other data."""
         if b_type(data) is t_dict:
-            items = plain_items(data)
-            return [value for _, value in items] if items is not None else [data]
+            held = []
+            for key, value in dict_items(data):  # iterating a real dict runs no code of its keys
+                held.append(key)
+                held.append(value)
+            return held
         if b_type(data) is t_list or b_type(data) is t_tuple:
             return data
         return ()
@@ -545,7 +564,7 @@ def _build_seal(kernel: Any, fd: int, trusted_dirs: tuple[str, ...]) -> None:  #
         for attribute in dict_changes(before, now, skip):
             if attribute in volatile_module_names or (name, attribute) in library_rebinds:
                 continue
-            if now is not None and lazy_change(before[attribute], now.get(attribute, now), modules):
+            if now is not None and lazy_change(before[attribute], now.get(attribute, now), modules, name, attribute):
                 continue
             problems.append(f"{name}.{attribute}")
 

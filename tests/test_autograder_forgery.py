@@ -3,9 +3,10 @@
 A small assignment whose tests compare the way the course's tests do (``math.isclose``,
 ``numpy.allclose``, ``course.grading.assert_close``, a bare ``==``, ``isinstance``, the reference-call
 check of ``forbid_reference``) is graded in the bubblewrap sandbox with a stub answer plus one
-forgery per case. Each forgery made every test pass before autograder.seal existed; each must now be
-flagged for manual grading ("score not trusted"). An honest notebook, with a callback registered as
-matplotlib registers one, is graded in the same run and must keep full marks with no flag.
+forgery per case. Each forgery made every test pass before autograder.seal existed (the last two got
+past the seal's first version instead); each must now be flagged for manual grading ("score not
+trusted"). An honest notebook, with a callback registered as matplotlib registers one, is graded in
+the same run and must keep full marks with no flag.
 """
 
 from __future__ import annotations
@@ -144,6 +145,17 @@ FORGERIES = {
     ),
     # the garbage collector walked to the seal's key: the kernel is stopped before the call returns
     "collector_walk": (CORRECT, "import gc\nfound = [o for o in gc.get_objects() if type(o).__name__ == 'cell']"),
+    # Two found in the seal itself (passed unflagged by its first version). A module the notebook made, registered
+    # in sys.modules under a name of its own and put in place of the math module assert_close reads: a wrong
+    # answer passes assert_close.
+    "planted_module_over_a_library_module": (
+        "# EXERCISE: ex1_1\ndef p50(values):\n    return 0.0",
+        "import sys, types, course.grading\nplanted = types.ModuleType('planted')\n"
+        "planted.isclose = lambda *args, **kwargs: True\nsys.modules['planted'] = planted\n"
+        "course.grading.math = planted",
+    ),
+    # a library's dict replaced by one whose key is not a string, so that the code it holds went unlooked-at
+    "dict_keyed_to_hide_code": (STUB, "import linecache\nlinecache.cache = {1: lambda *args: True}"),
 }
 # An honest notebook: a library registers IPython callbacks (as matplotlib does); the notebook names things.
 HONEST = (CORRECT, "from course.grading import announce_passing_tests\nannounce_passing_tests()\nx = 1")
@@ -219,3 +231,5 @@ def test_the_flags_name_what_was_replaced(graded):
     assert "sys.setprofile" in reasons["reference_call_profile_cleared"]
     assert "gc.get_objects" in reasons["collector_walk"]
     assert "pub_socket" in reasons["callback_and_quiet_channel"]
+    assert "course.grading.math" in reasons["planted_module_over_a_library_module"]
+    assert "linecache.cache" in reasons["dict_keyed_to_hide_code"]

@@ -498,8 +498,8 @@ def _int_list(text: str | None, what: str) -> tuple[int, ...] | None:
 
 def _run_plan(args: argparse.Namespace, settings: dict) -> int:
     """``course simulate --plan-rate R``: the capacity search of course.sim.fleet.plan_capacity."""
-    from course.capacity import SLO
     from course.sim.fleet import plan_capacity
+    from course.slo import SLO
 
     slo = settings["slo"]
     if not slo["ttft_ms"] or not slo["tpot_ms"]:

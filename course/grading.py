@@ -168,7 +168,7 @@ class DecodeProbe:
             logits[:, -1, self.eos_id] = logits[:, -1].max() + 1.0
 
     def __enter__(self) -> DecodeProbe:
-        from course.serving.runner import observe_forward
+        from course.forward_observers import observe_forward
 
         before = self.model.register_forward_pre_hook(self._before, with_kwargs=True)
         after = self.model.register_forward_hook(self._after, with_kwargs=True)

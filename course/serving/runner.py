@@ -28,11 +28,11 @@ weights outgrow the cache grew with the batch (module 1 shows it; ``benchmarks/s
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from course.forward_observers import forward_observers, observe_forward  # noqa: F401  (a name of this module too)
 from course.kernels import PACKED, STOCK
 from course.models import forward, new_cache
 
@@ -175,7 +175,7 @@ class LlamaRunner:
             raise ValueError(f"LlamaRunner cannot run this model: {reason}")
         config = model.config
         self.model = model
-        self._observers = _OBSERVERS.setdefault(model, [])  # shared: observers added later are seen
+        self._observers = forward_observers(model)  # shared: observers added later are seen
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -394,27 +394,3 @@ def _attend(q, k, v, mask, new: int, kv_heads: int):
             mask = _attention_mask(k.new_ones((rows, k.shape[-2]), dtype=bool), rows, new, k.shape[-2], k.device)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return out.transpose(1, 2).reshape(rows, new, heads * dim)
-
-
-# Observers of the lean runner's forward passes, per model: its passes do not go through the model's
-# forward(), so torch's forward hooks do not see them (see observe_forward).
-_OBSERVERS: weakref.WeakKeyDictionary[Any, list[Callable[[Any], None]]] = weakref.WeakKeyDictionary()
-
-
-def observe_forward(model: Any, callback: Callable[[Any], None]) -> Callable[[], None]:
-    """Call ``callback(input_ids)`` (a (rows, new) tensor) before every forward pass a
-    :class:`LlamaRunner` makes over ``model``'s weights; returns the function that stops it.
-
-    The runner computes the layers itself instead of calling ``model.forward()``, so a tool that
-    watches passes with ``register_forward_pre_hook`` (``course.serving.testing.ForwardLog``,
-    ``course.grading.DecodeProbe``) registers here as well. Passes that do go through the model
-    (:class:`TransformersRunner`) reach its torch hooks only, so no pass is seen twice.
-    """
-    callbacks = _OBSERVERS.setdefault(model, [])
-    callbacks.append(callback)
-
-    def remove() -> None:
-        if callback in callbacks:
-            callbacks.remove(callback)
-
-    return remove

@@ -70,7 +70,7 @@ class ForwardLog:
         return sum(1 for _, n in self.shapes if n == 1)
 
     def __enter__(self) -> ForwardLog:
-        from course.serving.runner import observe_forward
+        from course.forward_observers import observe_forward
 
         handle = self.model.register_forward_pre_hook(self._hook, with_kwargs=True)
         stop_observing = observe_forward(self.model, lambda input_ids: self._hook(self.model, (input_ids,), {}))

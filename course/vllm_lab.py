@@ -518,7 +518,7 @@ class LabPlan:
         prefix_tokens, prefix_body, prefix_requests: the shared prefix (tokens; a whole number of CPU
             blocks), the varied part after it and how many requests, sent one at a time.
         preemption: a burst (n, prompt, output tokens) whose outputs outgrow the KV cache.
-        admission: a burst larger than ``--max-num-queued-reqs``.
+        admission: a burst larger than ``--max-num-queued-reqs`` (sent again until refused: ``send_admission``).
         prefill_lengths, decode_batches, decode_contexts, decode_output, repeats: the calibration points
             (module 5's method), timed by vLLM's own histograms.
         heldout: ``vllm bench serve``'s random dataset for the held-out workload: rate, n, input and output
@@ -759,21 +759,27 @@ class _Recording:
             self.phase("bench", lambda: self.bench_client_load("serve", server.url))
             self.phase("prefix_shared", lambda: self.send_prefixed("prefix_shared", timestamp=False))
             self.phase("prefix_timestamp", lambda: self.send_prefixed("prefix_timestamp", timestamp=True))
+            # the cache fills and empties within about a second on the tiny model: polled 20 times a second, so
+            # that the gauges catch it full (five times a second once missed it: a peak of 0.2 in a live run)
             self.phase(
-                "preemption", lambda: self.send("preemption", workload.all_at_once(**plan.preemption)), sample=True
+                "preemption",
+                lambda: self.send("preemption", workload.all_at_once(**plan.preemption)),
+                sample=True,
+                interval=0.05,
             )
-            self.phase("admission", lambda: self.send("admission", workload.all_at_once(**plan.admission)))
+            self.phase("admission", self.send_admission)
             self.phase("calibration", self.calibrate)
             self.phase("heldout", self.bench_heldout, sample=True)
 
-    def phase(self, name: str, action, sample: bool = False) -> None:
+    def phase(self, name: str, action, sample: bool = False, interval: float = 0.2) -> None:
         """Run ``action`` as phase ``name``: its wall and server CPU seconds go to ``meta``, the ``/metrics``
-        page after it to ``metrics_<name>.prom.gz``; with ``sample``, the gauges polled meanwhile to ``gauges``."""
+        page after it to ``metrics_<name>.prom.gz``; with ``sample``, the gauges polled every ``interval`` s
+        meanwhile to ``gauges``."""
         self.log(f"  phase {name} ...")
         server = self.server
         cpu0, wall0 = server.cpu_seconds(), time.perf_counter()
         if sample:
-            with MetricsSampler(server.url, interval=0.2) as sampler:
+            with MetricsSampler(server.url, interval=interval) as sampler:
                 action()
             self.gauges[name] = sampler.samples
         else:
@@ -790,6 +796,31 @@ class _Recording:
         prompts = options.pop("prompts", self.prompts)
         run = run_load(self.server.url, requests, prompts=prompts, progress=False, **options)
         run.save(self.out / f"traces_{name}.json")
+
+    def send_admission(self, bursts: int = 3) -> None:
+        """The admission phase: the plan's ``admission`` burst, larger than ``--max-num-queued-reqs``, sent again
+        (``bursts`` times at most) until the cap refuses some of it; the traces of every burst go to
+        ``traces_admission.json`` and how many it took to ``meta["admission_bursts"]``.
+
+        vLLM 0.32.0 calls its cap approximate (``AsyncLLM.check_admission``, vllm/v1/engine/async_llm.py): it
+        counts the unfinished requests as the API server last heard of them from the engine core. In a live
+        oracle run on 2 busy cores a burst of 48 against a cap of 16 was admitted whole while the engine core
+        stalled for 4 s on its first step of that size, so one burst alone showed the cap or not by chance."""
+        from course import workload
+        from course.serving.client import LoadResult, run_load
+
+        traces, duration = [], 0.0
+        burst = 0
+        while burst < bursts:
+            burst += 1
+            run = run_load(self.server.url, workload.all_at_once(**self.plan.admission), prompts=self.prompts,
+                           progress=False)  # fmt: skip
+            traces += run.traces
+            duration += run.duration
+            if any(not trace.succeeded for trace in run.traces):
+                break
+        self.meta["admission_bursts"] = burst
+        LoadResult(traces, duration).save(self.out / "traces_admission.json")
 
     def send_prefixed(self, name: str, timestamp: bool) -> None:
         """The prefix phases: requests one at a time, each the plan's shared prefix then a body of its own,

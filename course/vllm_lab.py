@@ -803,9 +803,9 @@ class _Recording:
         ``traces_admission.json`` and how many it took to ``meta["admission_bursts"]``.
 
         vLLM 0.32.0 calls its cap approximate (``AsyncLLM.check_admission``, vllm/v1/engine/async_llm.py): it
-        counts the unfinished requests as the API server last heard of them from the engine core. In a live
-        oracle run on 2 busy cores a burst of 48 against a cap of 16 was admitted whole while the engine core
-        stalled for 4 s on its first step of that size, so one burst alone showed the cap or not by chance."""
+        counts unfinished requests, and in live oracle runs a burst larger than the cap was sometimes admitted
+        whole (48 against a cap of 16, all sent within 8 ms, answered after 4 s; other runs of the same burst saw
+        32 refused). Why is not settled here; one burst alone showed the cap or not by chance."""
         from course import workload
         from course.serving.client import LoadResult, run_load
 

@@ -370,3 +370,35 @@ def test_the_simulator_runs_the_three_cases_with_memory_to_spare(run):
     p50 = {name: metrics.percentile([metrics.ttft(t) for t in r.traces], 50) for name, r in results.items()}
     assert p50["identical prefix"] < p50["timestamp in front"] and p50["identical prefix"] < p50["caching off"]
     assert p50["caching off"] < 1.0, "with memory to spare, caching off costs a prefill, not seconds of queueing"
+
+
+def _burst_result(n: int, refused: int):
+    """A load client's result for a burst of ``n`` requests of which the last ``refused`` got vLLM's 503."""
+    from course.serving.client import LoadResult
+    from course.trace import RequestTrace
+
+    traces = [
+        RequestTrace(f"r{i}", 0.0, [0.01], [1], 32, 1, "length", "queue full" if i >= n - refused else None)
+        for i in range(n)
+    ]
+    return LoadResult(traces, 0.5)
+
+
+@pytest.mark.parametrize(("refused_per_burst", "bursts"), [((0, 16), 2), ((16,), 1), ((0, 0, 0), 3)])
+def test_the_admission_burst_is_sent_again_until_the_cap_refuses_some(tmp_path, monkeypatch, refused_per_burst, bursts):
+    # vLLM's cap is approximate: a burst admitted whole is sent again (three times at most), every burst's traces kept
+    import types
+
+    from course.serving import client
+    from course.trace import load_traces
+
+    results = iter(refused_per_burst)
+    monkeypatch.setattr(client, "run_load", lambda url, requests, **options: _burst_result(32, next(results)))
+    recording = object.__new__(vllm_lab._Recording)
+    recording.server = types.SimpleNamespace(url="http://127.0.0.1:1")
+    recording.plan, recording.prompts, recording.meta, recording.out = vllm_lab.LabPlan.quick(), None, {}, tmp_path
+    recording.send_admission()
+    assert recording.meta["admission_bursts"] == bursts
+    traces = load_traces(tmp_path / "traces_admission.json")
+    assert len(traces) == 32 * bursts
+    assert sum(not t.succeeded for t in traces) == sum(refused_per_burst[:bursts])

@@ -425,7 +425,8 @@ class LinearCost:
         return text
 
     def describe_spread(self) -> str:
-        """The step-time spread in words (its p5 and p95, and the seed), each after a "; "; empty without one."""
+        """The step-time spread in words (its p5 and p95, and the random seed that draws it), each after a "; "; empty
+        without one."""
         text = ""
         for name, quantiles in (("decode", self.spread), ("prefill", self.prefill_spread)):
             if quantiles:

@@ -139,3 +139,51 @@ def test_the_model_is_left_untouched_and_savable(tmp_path):
     lm.model.save_pretrained(tmp_path)
     for key, value in lm.model.state_dict().items():
         assert torch.equal(value, before[key]), key
+
+
+def _slowed(product, seconds: float):
+    """``product`` (a kernel method of the runner's linear layers) that takes ``seconds`` longer per call, and
+    counts the rows of the calls it gets."""
+    import time
+
+    calls = []
+
+    def slow(self, x):
+        calls.append(x.numel() // x.shape[-1])
+        time.sleep(seconds)
+        return product(self, x)
+
+    return slow, calls
+
+
+@pytest.mark.parametrize("slow_side", ["plain_product", "packed_product"])
+def test_a_single_row_takes_the_kernel_measured_faster_on_this_host(monkeypatch, slow_side):
+    # Which kernel multiplies one row faster is the host's answer (the 170 M model: plain 10 % faster on one
+    # machine, packed 40 % faster on another), so the runner measures it; a fixed choice loses on one of them.
+    from course.kernels import PACKED, STOCK, packed_path_available
+    from course.serving import runner as runner_module
+
+    lm = build_tiny_model()
+    if reason := packed_path_available(lm.model):
+        pytest.skip(reason)
+    slow, calls = _slowed(getattr(runner_module._PackedLinear, slow_side), 2e-4)
+    monkeypatch.setattr(runner_module._PackedLinear, slow_side, slow)
+    runner = LlamaRunner(lm.model)
+    assert runner.kernel == PACKED
+    assert runner.one_row == (PACKED if slow_side == "plain_product" else STOCK)
+    calls.clear()
+    reference = TransformersRunner(lm.model)
+    with torch.inference_mode():
+        one_row, _ = runner(torch.tensor([[5, 6, 7]]), runner.new_cache())
+        expected, _ = reference(torch.tensor([[5, 6, 7]]), reference.new_cache())
+        two_rows, _ = runner(torch.tensor([[5, 6, 7], [8, 9, 10]]), runner.new_cache())
+    torch.testing.assert_close(one_row, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(two_rows[:1], expected, rtol=1e-4, atol=1e-4)
+    if slow_side == "plain_product":  # packed won: no row of either pass goes to the plain kernel
+        assert calls == []
+    else:  # plain won: the prefill's three token rows are packed; the lone decode rows would be plain
+        assert calls and all(rows > 1 for rows in calls)
+        calls.clear()
+        with torch.inference_mode():
+            runner(torch.tensor([[5]]), runner.new_cache())
+        assert calls == [], "a single row should take the plain kernel, measured faster"

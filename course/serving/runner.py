@@ -185,8 +185,8 @@ class LlamaRunner:
         self.rotary = inner.rotary_emb  # transformers' own: every rope type, scaling included
         self.final_norm = inner.norm.weight
         self.kernel = linear_kernel(model)
-        linear = _LINEAR_KERNELS[self.kernel]
         self.layers = []
+        linear = _LINEAR_KERNELS[self.kernel]
         with torch.no_grad():
             self.lm_head = linear(model.lm_head.weight, None)
             for layer in inner.layers:
@@ -202,6 +202,16 @@ class LlamaRunner:
                         intermediate=mlp.gate_proj.weight.shape[0],
                     )
                 )
+        # The kernel a decode step of one sequence takes: measured, since the host decides it.
+        self.one_row = STOCK
+        if self.kernel == PACKED:
+            linears = [
+                self.lm_head,
+                *(f for layer in self.layers for f in (layer.qkv, layer.out, layer.gate_up, layer.down)),
+            ]
+            self.one_row = one_row_kernel(linears)
+            for packed_linear in linears:
+                packed_linear.one_row_plain = self.one_row == STOCK
 
     prefix_reuse_unsupported = None  # every layer keeps every token
 
@@ -251,25 +261,70 @@ def _stock_linear(weight, bias) -> Callable:
     return lambda x: F.linear(x, weight, bias)
 
 
-def _packed_linear(weight, bias) -> Callable:
-    """The same product with oneDNN's linear on the weight reordered once into its blocked layout; a
-    single row still goes to ``F.linear`` on the plain weight, whose matrix-vector kernel reads it at
-    full speed (a decode step of the 170 M model, medians of 12 alternated in-process steps on the quiet
-    2-core machine, 2026-12-02: one row 70 ms plain against 78 ms packed, two rows 118 ms against 81 ms)."""
+class _PackedLinear:
+    """``x -> x @ weight.T + bias`` with oneDNN's linear on the weight reordered once into its blocked
+    layout; a single row goes to ``F.linear`` on the plain weight instead while ``one_row_plain`` is set
+    (:func:`one_row_kernel` measures which is faster on this host)."""
+
+    def __init__(self, weight, bias) -> None:
+        import torch
+
+        self.weight, self.bias = weight, bias
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self.one_row_plain = False
+
+    def plain_product(self, x):
+        import torch.nn.functional as F
+
+        return F.linear(x, self.weight, self.bias)
+
+    def packed_product(self, x):
+        import torch
+
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def __call__(self, x):
+        if self.one_row_plain and x.numel() == x.shape[-1]:
+            return self.plain_product(x)
+        return self.packed_product(x)
+
+
+# Alternated rounds of :func:`one_row_kernel`; the median of each side's totals decides.
+ONE_ROW_ROUNDS = 5
+
+
+def one_row_kernel(linears: list[_PackedLinear], rounds: int = ONE_ROW_ROUNDS) -> str:
+    """Which kernel multiplies a single row (a decode step of one sequence) faster on this host:
+    :data:`STOCK` (``F.linear`` on the plain weight: PyTorch's matrix-vector kernel) or :data:`PACKED`.
+
+    ``linears``: the runner's linear layers. Every round times one row through all of them on each
+    kernel, alternating so that the machine's drift falls on both; the faster median wins. Measured
+    because the answer is the host's, not the model's: the 170 M model's linear layers took 70 ms plain
+    against 78 ms packed for one row on the course's 2-core Intel machine (2026-12-02, a whole decode
+    step) and 32.5 ms against 19.4 ms on an AMD EPYC one (2026-12-06; one thread, medians of 15). A tiny
+    model pays microseconds for the measurement; the 170 M model about 0.3 s at start-up.
+    """
+    import statistics
+    import time
+
     import torch
-    import torch.nn.functional as F
 
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    rows = [torch.randn(1, linear.weight.shape[1], dtype=linear.weight.dtype) for linear in linears]
+    plain_times, packed_times = [], []
+    with torch.no_grad():
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for x, linear in zip(rows, linears):
+                linear.plain_product(x)
+            middle = time.perf_counter()
+            for x, linear in zip(rows, linears):
+                linear.packed_product(x)
+            plain_times.append(middle - start)
+            packed_times.append(time.perf_counter() - middle)
+    return STOCK if statistics.median(plain_times) < statistics.median(packed_times) else PACKED
 
-    def forward(x):
-        if x.numel() == x.shape[-1]:
-            return F.linear(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
-    return forward
-
-
-_LINEAR_KERNELS = {STOCK: _stock_linear, PACKED: _packed_linear}
+_LINEAR_KERNELS = {STOCK: _stock_linear, PACKED: _PackedLinear}
 
 
 def linear_kernel(model: Any) -> str:

@@ -329,8 +329,9 @@ class LinearCost:
         g: seconds more for a step that computes two or more tokens (token rows) than the line gives: a
             lone decode token multiplies each weight matrix by a vector, more rows go through a
             matrix-matrix kernel with a fixed cost of its own (the course's server on a CPU sends one
-            row to PyTorch's matrix-vector product and more to oneDNN's packed-weight kernel,
-            ``course.serving.runner``; cuBLAS too picks a matrix-vector kernel for one row).
+            row to PyTorch's matrix-vector product where that is faster on the host and more to oneDNN's
+            packed-weight kernel, ``course.serving.runner``; cuBLAS too picks a matrix-vector kernel for
+            one row).
         spread: quantiles of a decode step's relative deviation from its expected time (0.5 = 50 %
             longer), at the evenly spaced probabilities 0, ..., 1 (41 when fitted,
             :func:`course.sim.calibration.fit_spread`); () = none. Relative, because a step shares its

@@ -187,3 +187,33 @@ def test_a_single_row_takes_the_kernel_measured_faster_on_this_host(monkeypatch,
         with torch.inference_mode():
             runner(torch.tensor([[5]]), runner.new_cache())
         assert calls == [], "a single row should take the plain kernel, measured faster"
+
+
+def test_a_lone_row_leaves_the_plain_kernel_where_that_is_the_slower_one(monkeypatch):
+    # The behaviour as a learner's server shows it, whatever the runner's internals: with PyTorch's plain kernel
+    # (``F.linear``) made slower than oneDNN's, a decode step of one sequence must not call it. The runner that
+    # sent every single row to F.linear (before the measurement) fails here.
+    import time
+
+    import torch.nn.functional as F
+
+    from course.kernels import packed_path_available
+
+    lm = build_tiny_model()
+    if reason := packed_path_available(lm.model):
+        pytest.skip(reason)
+    plain, counting = F.linear, []
+
+    def slow_linear(x, weight, bias=None):
+        if counting:
+            counting.append(x.shape)
+        time.sleep(2e-4)
+        return plain(x, weight, bias)
+
+    monkeypatch.setattr(F, "linear", slow_linear)
+    runner = LlamaRunner(lm.model)
+    with torch.inference_mode():
+        _, cache = runner(torch.tensor([[5, 6, 7]]), runner.new_cache())
+        counting.append("start")
+        runner(torch.tensor([[8]]), cache)
+    assert counting == ["start"], f"a lone decode row went to the slower plain kernel: {counting[1:4]}"

@@ -448,33 +448,36 @@ def _is_test_cell(cell) -> bool:
 
 
 def kill_processes_of(uid: int, rounds: int = 50) -> int:
-    """SIGKILL every process of ``uid`` this process can see (its PID namespace); returns how many.
+    """SIGKILL every live process of ``uid`` this process can see (its PID namespace); returns how many
+    different processes it killed.
 
-    Repeated until none is left, so that a process forking while the others die is caught too.
-    Never used for uid 0 or this process's own uid.
+    Repeated until none is left, so that a process forking while the others die is caught too. A killed
+    process that its parent has not reaped yet (a zombie) is dead: it is neither killed again nor counted
+    twice. Never used for uid 0 or this process's own uid.
     """
     import os
     import time
 
     if uid <= 0 or uid in (os.getuid(), os.geteuid()):
         return 0
-    killed = 0
+    killed: set[int] = set()
     for _ in range(rounds):
         found = _processes_of(uid)
         if not found:
-            return killed
+            break
         for pid in found:
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
+                killed.add(pid)
             except OSError:
                 pass
         time.sleep(0.02)
-    return killed
+    return len(killed)
 
 
 def _processes_of(uid: int) -> list[int]:
-    """The pids in /proc whose real or effective uid is ``uid`` (one that exits while it is read is left out)."""
+    """The pids in /proc of live processes (not zombies) whose real or effective uid is ``uid`` (one that exits
+    while it is read is left out)."""
     import os
 
     found = []
@@ -484,11 +487,13 @@ def _processes_of(uid: int) -> list[int]:
         try:
             with open(f"/proc/{entry}/status") as status:
                 for line in status:
+                    if line.startswith("State:") and line.split()[1] in ("Z", "X"):
+                        break  # dead, waiting for its parent to reap it
                     if line.startswith("Uid:"):
                         if int(line.split()[1]) == uid or int(line.split()[2]) == uid:
                             found.append(int(entry))
                         break
-        except (OSError, ValueError):
+        except (OSError, ValueError, IndexError):
             continue
     return found
 

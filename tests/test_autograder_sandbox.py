@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,25 @@ def test_a_virtual_environment_reached_through_a_symlink_runs_in_the_sandbox(tmp
     command = _bwrap_command(job, Limits()) + [sys.executable, "-c", "import autograder.kernel, nbgrader; print('ok')"]
     done = subprocess.run(command, env=_clean_env(Limits(threads=1)), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting a process as another uid needs root")
+def test_stray_processes_are_counted_once_even_before_they_are_reaped():
+    # The kernel's restart reports "N process(es) the notebook had started were stopped". A killed process stays in
+    # /proc as a zombie until its parent reaps it; counting it in every round of the kill loop reported 50 for one
+    # sleeping child (and spent the loop's whole second on it).
+    import subprocess
+
+    from autograder.execution import kill_processes_of
+
+    uid = 54_321  # no account: nothing else on the machine runs as it
+    children = [subprocess.Popen(["sleep", "60"], user=uid, group=uid) for _ in range(2)]
+    try:
+        assert kill_processes_of(uid) == 2
+        assert kill_processes_of(uid) == 0, "dead children waiting to be reaped are not killed again"
+        assert all(child.wait(timeout=5) == -9 for child in children)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()

@@ -7,7 +7,7 @@
    a folder, one OpenMP thread on core 0, prefix caching off (every calibration prompt is new to it).
 2. **Calibration** from separate microbenchmarks, each a small controlled ``course bench`` run:
    prefill: one request at a time with prompts of 16..512 tokens and 2 output tokens (median TTFT);
-   decode: closed-loop waves of 1, 2, 4 and 16 requests with 32- and 256-token prompts (median TPOT over
+   decode: closed-loop waves of 1, 2, 4 and 16 requests (vLLM: 8 too) with 32- and 256-token prompts (median TPOT over
    each request's second half, i.e. the step time at that batch and context, once the wave's prompts
    are all prefilled). ``course.capacity.prefill_sample`` and ``decode_sample`` turn the traces into
    step samples, the method of module 5's ``course.capacity.calibration_samples``, and
@@ -113,6 +113,10 @@ VLLM_MAX_MODEL_LEN = 1024
 PREFILL_LENGTHS = (16, 64, 128, 256, 512)
 DECODE_CONTEXTS = (32, 256)
 DECODE_BATCHES = (1, 2, 4, 16)  # 2: where a Poisson run at 5 req/s decodes (mean batch 2-2.5)
+# vLLM's run at 70 % of its capacity decodes 4-16 sequences at a time (run_weights put most of its time on the waves
+# of 4 and 16), so its calibration measures 8 too: the line is then fitted where that run lives, not drawn across it
+# (benchmarks/RESULTS.md, 2026-12-06: ITL p50 18-21 % low in four runs calibrated at 1, 2, 4 and 16).
+VLLM_DECODE_BATCHES = (1, 2, 4, 8, 16)
 DECODE_OUTPUT = 64
 # Calibration rounds for the course's server. On this VM the machine's speed moved by up to 40 %, every prompt
 # size together, for seconds at a time (benchmarks/speed_drift.py, 2026-12-04), and a microbenchmark lasts a second
@@ -188,7 +192,8 @@ def decode_file(work: Path, context: int, batch: int) -> Path:
     return work / f"decode_{context}_{batch}.json"
 
 
-def calibrate(port: int, work: Path, counters: bool = False) -> list[StepSample]:
+def calibrate(port: int, work: Path, counters: bool = False,
+              batches: tuple[int, ...] = DECODE_BATCHES) -> list[StepSample]:  # fmt: skip
     """Step-time samples from small controlled runs (none of them is the run to predict).
 
     ``counters``: the server counts its steps (the course's): the prefill passes each prefill
@@ -215,7 +220,7 @@ def calibrate(port: int, work: Path, counters: bool = False) -> list[StepSample]
     if counters:
         (work / PREFILL_PASSES).write_text(json.dumps(passes))
     for context in DECODE_CONTEXTS:
-        for batch in DECODE_BATCHES:
+        for batch in batches:
             for _ in range(1 + STEAL_RETRIES):
                 _, stolen = bench_stolen(port, decode_file(work, context, batch), "--concurrency", str(batch),
                                          "--num-requests", str(max(2 * batch, 6)), "--prompt-tokens", str(context),
@@ -262,9 +267,10 @@ def read_calibration(work: Path) -> list[StepSample]:
         samples.append(prefill_sample(load_traces(prefill_file(work, prompt)), prompt))
         print(f"  prefill {prompt:4d} tokens: median TTFT {samples[-1].seconds * 1e3:7.2f} ms", flush=True)
     for context in DECODE_CONTEXTS:
-        for batch in DECODE_BATCHES:
-            if not decode_file(work, context, batch).exists():  # a folder kept before this batch was calibrated
-                print(f"  decode {batch:2d} x {context:3d}-token prompts: not measured in this folder")
+        for batch in sorted(set(DECODE_BATCHES) | set(VLLM_DECODE_BATCHES)):
+            if not decode_file(work, context, batch).exists():
+                if batch in DECODE_BATCHES:  # a folder kept before this batch was calibrated
+                    print(f"  decode {batch:2d} x {context:3d}-token prompts: not measured in this folder")
                 continue
             traces = load_traces(decode_file(work, context, batch))
             samples.append(decode_sample(traces, batch, context, DECODE_OUTPUT))
@@ -652,7 +658,8 @@ def measure(
     try:
         print("calibration before the run (microbenchmarks against the server):", flush=True)
         counted = args.engine == "course"  # the course's server counts its steps (/health)
-        rounds = [calibrate(args.port, work / "before", counted)]
+        batches = DECODE_BATCHES if counted else VLLM_DECODE_BATCHES
+        rounds = [calibrate(args.port, work / "before", counted, batches)]
         first = [work / "before"]
         cost = fitted_cost(args, front_end, merge_rounds(rounds),
                            {**counted_passes(first), **wake_facts(first), **beside_facts(first)})  # fmt: skip
@@ -668,7 +675,7 @@ def measure(
         for index, count in enumerate(parts):
             if index:
                 print(f"calibration {index} between the run's parts:", flush=True)
-                rounds.append(calibrate(args.port, work / f"after{index}", counted))
+                rounds.append(calibrate(args.port, work / f"after{index}", counted, batches))
             counters = vllm_metric_sums if args.engine == "vllm" else server_step_counters
             before = counters(args.port)
             traces, stolen = bench_stolen(args.port, work / f"run_part{index + 1}.json",
@@ -694,7 +701,7 @@ def measure(
         (work / "facts.json").write_text(json.dumps(facts, indent=1))
         for index in range(len(parts), args.rounds):
             print(f"calibration {index} after the run:", flush=True)
-            rounds.append(calibrate(args.port, work / f"after{index}", counted))
+            rounds.append(calibrate(args.port, work / f"after{index}", counted, batches))
         if args.repeat:
             # The same arrivals and token counts again (the parts' seeds), one part after the other: how far
             # this server on this machine lands from its own run minutes later, the floor under any prediction.

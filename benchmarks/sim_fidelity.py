@@ -114,8 +114,9 @@ PREFILL_LENGTHS = (16, 64, 128, 256, 512)
 DECODE_CONTEXTS = (32, 256)
 DECODE_BATCHES = (1, 2, 4, 16)  # 2: where a Poisson run at 5 req/s decodes (mean batch 2-2.5)
 # vLLM's run at 70 % of its capacity decodes 4-16 sequences at a time (run_weights put most of its time on the waves
-# of 4 and 16), so its calibration measures 8 too: the line is then fitted where that run lives, not drawn across it
-# (benchmarks/RESULTS.md, 2026-12-06: ITL p50 18-21 % low in four runs calibrated at 1, 2, 4 and 16).
+# of 4 and 16), so its calibration measures 8 too, where that run lives. Measured (benchmarks/RESULTS.md, 2026-12-06):
+# the waves of 8 lie on the line through 4 and 16, and the run's ITL p50 stayed low (-8 to -16 %, against -18 to -21 %
+# calibrated without them): the run's steps are slower than a closed-loop wave's of the same size.
 VLLM_DECODE_BATCHES = (1, 2, 4, 8, 16)
 DECODE_OUTPUT = 64
 # Calibration rounds for the course's server. On this VM the machine's speed moved by up to 40 %, every prompt

@@ -16,7 +16,7 @@ model between them in place; module 1 measures the stock and packed paths side b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,8 +46,13 @@ def packed_path_available(model: Any) -> str | None:
     return None
 
 
-def _packed_forward(packed, bias):
+def packed_linear(weight, bias) -> Callable:
+    """``x -> x @ weight.T + bias`` with oneDNN's linear on ``weight`` (``(d_out, d_in)``) reordered once into its
+    blocked layout (a copy beside the original); ``x`` is ``(..., d_in)``."""
     import torch
+
+    with torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
     def forward(x):
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
@@ -89,12 +94,10 @@ def use_kernel_path(model: Any, path: str) -> int:
         elif path == WEIGHT_MAJOR:
             module.forward = _weight_major_forward(module.weight, module.bias)
         else:
-            packed = getattr(module, "_course_packed_weight", None)
-            if packed is None:
-                with torch.no_grad():
-                    packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
-                module._course_packed_weight = packed
-            module.forward = _packed_forward(packed, module.bias)
+            forward = getattr(module, "_course_packed_forward", None)
+            if forward is None:  # packed once per layer, however often the path is switched
+                forward = module._course_packed_forward = packed_linear(module.weight, module.bias)
+            module.forward = forward
         switched += 1
     model._course_kernel_path = path
     return switched

@@ -148,6 +148,45 @@ def stop(process: subprocess.Popen) -> None:
             continue
 
 
+def process_tree(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """``pid`` and every process below it (its children's children too), from ``/proc``; [] when it is gone."""
+    tree, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        tasks = proc / str(current) / "task"
+        if not tasks.is_dir():
+            continue
+        tree.append(current)
+        for task in tasks.iterdir():
+            try:
+                stack += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:  # the thread ended meanwhile
+                continue
+    return tree
+
+
+def cpu_seconds_outside(pid: int, model_processes: str, proc: Path = Path("/proc")) -> float | None:
+    """The CPU time (s) that the threads of ``pid``'s process tree have run so far, less the processes whose
+    command line starts with ``model_processes`` (vLLM's model runners retitle themselves ``VLLM::Worker``,
+    vllm/v1/executor/multiproc_executor.py, 0.32.0): what the server's front end and scheduler have used.
+
+    Read from each thread's ``schedstat`` (nanoseconds on the CPU; ``stat``'s ticks are 10 ms, too coarse
+    for a few milliseconds per request); a thread that has ended no longer counts. None where ``/proc`` does
+    not say."""
+    nanoseconds, counted = 0, False
+    for member in process_tree(pid, proc):
+        try:
+            title = (proc / str(member) / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            if title.startswith(model_processes):
+                continue
+            for task in (proc / str(member) / "task").iterdir():
+                nanoseconds += int((task / "schedstat").read_text().split()[0])
+                counted = True
+        except OSError:  # it ended meanwhile
+            continue
+    return nanoseconds / 1e9 if counted else None
+
+
 def _tail(log: IO, chars: int = 1500) -> str:
     try:
         log.flush()

@@ -83,7 +83,16 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from _processes import CLIENT_CORE, SERVER_CORE, pinned, send_workload, single_thread_env, start_server, stop
+from _processes import (
+    CLIENT_CORE,
+    SERVER_CORE,
+    cpu_seconds_outside,
+    pinned,
+    send_workload,
+    single_thread_env,
+    start_server,
+    stop,
+)
 
 from course import metrics, noise
 from course.capacity import before_engine_share as capacity_share
@@ -145,6 +154,12 @@ BESIDE_STREAM_ID = "stream"
 BESIDE_STREAM = (32, 400)  # the decoding request's prompt and output tokens: about a second of decode steps
 BESIDE_PROMPT, BESIDE_PREFILLS = 128, 8  # the lone prefills beside it, 2 output tokens each
 BESIDE_FIRST_S, BESIDE_GAP_S = 0.05, 0.07  # their arrivals after the stream's (s): never two at once
+# In a calibration round's folder (vLLM's): the CPU time its front end and engine core used (every process of the
+# server but the model's worker) during the lone prefills of each size and the decode waves of one request,
+# {microbenchmark: [requests, seconds, output tokens each]}: the host's work per request and per token beside
+# the steps (FrontEnd.after_engine, :func:`after_engine_work`).
+HOST_WORK = "host_work.json"
+MODEL_PROCESSES = "VLLM::Worker"
 SLOWDOWNS = tuple(1.0 + 0.25 * i for i in range(21))  # the grid it is fitted on: 1 to 6
 BESIDE_BLOCKS = 4096  # KV blocks the fit simulates it with (65,536 tokens of 16-token blocks)
 
@@ -193,8 +208,8 @@ def decode_file(work: Path, context: int, batch: int) -> Path:
     return work / f"decode_{context}_{batch}.json"
 
 
-def calibrate(port: int, work: Path, counters: bool = False,
-              batches: tuple[int, ...] = DECODE_BATCHES) -> list[StepSample]:  # fmt: skip
+def calibrate(port: int, work: Path, counters: bool = False, batches: tuple[int, ...] = DECODE_BATCHES,
+              server_pid: int | None = None) -> list[StepSample]:  # fmt: skip
     """Step-time samples from small controlled runs (none of them is the run to predict).
 
     ``counters``: the server counts its steps (the course's): the prefill passes each prefill
@@ -202,17 +217,27 @@ def calibrate(port: int, work: Path, counters: bool = False,
     stamp, go to ``work/prefill_passes.json``, so that the front end's share of the TTFT can be told
     apart (:func:`front_end_per_request`), and what of it comes before the engine sees a request
     (:func:`before_engine_share`).
+
+    ``server_pid``: the server's process (vLLM's): the CPU time its processes but the model's worker use in
+    the lone prefills and the decode waves of one request go to ``work/host_work.json`` (:data:`HOST_WORK`).
     """
     work.mkdir(parents=True, exist_ok=True)
-    passes = {}
+    passes, host = {}, {}
+
+    def host_seconds() -> float | None:
+        return None if server_pid is None else cpu_seconds_outside(server_pid, MODEL_PROCESSES)
+
     url = f"http://127.0.0.1:{port}"
     for prompt in PREFILL_LENGTHS:
         for _ in range(1 + STEAL_RETRIES):  # the server's counters around each try, so a retry counts its own passes
             before = server_prefill_counters(url) if counters else None
             options = ("--concurrency", "1", "--num-requests", "8", "--prompt-tokens", str(prompt),
                        "--output-tokens", "2", "--seed", "101")  # fmt: skip
+            cpu = host_seconds()
             traces, stolen = bench_stolen(port, prefill_file(work, prompt), *options)
             after = settled_prefill_counters(url, before, len(traces)) if counters else None
+            if cpu is not None and (now := host_seconds()) is not None:
+                host[f"prefill {prompt}"] = [len(traces), now - cpu, 2]
             if not stolen_too_much(stolen, f"the prefill of {prompt} tokens"):
                 break
         if before and after:
@@ -223,11 +248,16 @@ def calibrate(port: int, work: Path, counters: bool = False,
     for context in DECODE_CONTEXTS:
         for batch in batches:
             for _ in range(1 + STEAL_RETRIES):
-                _, stolen = bench_stolen(port, decode_file(work, context, batch), "--concurrency", str(batch),
-                                         "--num-requests", str(max(2 * batch, 6)), "--prompt-tokens", str(context),
-                                         "--output-tokens", str(DECODE_OUTPUT), "--seed", "202")  # fmt: skip
+                cpu = host_seconds()
+                options = ("--concurrency", str(batch), "--num-requests", str(max(2 * batch, 6)), "--prompt-tokens",
+                           str(context), "--output-tokens", str(DECODE_OUTPUT), "--seed", "202")  # fmt: skip
+                traces, stolen = bench_stolen(port, decode_file(work, context, batch), *options)
+                if batch == 1 and cpu is not None and (now := host_seconds()) is not None:
+                    host[f"decode {context}"] = [len(traces), now - cpu, DECODE_OUTPUT]
                 if not stolen_too_much(stolen, f"the decode wave of {batch} x {context}-token prompts"):
                     break
+    if host:
+        (work / HOST_WORK).write_text(json.dumps(host))
     if counters:  # the course's server, whose front end shares the engine's core: prefills beside a stream
         for _ in range(1 + STEAL_RETRIES):
             before = noise.core_ticks(SERVER_CORE)
@@ -660,10 +690,12 @@ def measure(
         print("calibration before the run (microbenchmarks against the server):", flush=True)
         counted = args.engine == "course"  # the course's server counts its steps (/health)
         batches = DECODE_BATCHES if counted else VLLM_DECODE_BATCHES
-        rounds = [calibrate(args.port, work / "before", counted, batches)]
+        pid = None if counted else server.pid  # vLLM's front end is processes of its own: their CPU time is read
+        rounds = [calibrate(args.port, work / "before", counted, batches, pid)]
         first = [work / "before"]
         cost = fitted_cost(args, front_end, merge_rounds(rounds),
-                           {**counted_passes(first), **wake_facts(first), **beside_facts(first)})  # fmt: skip
+                           {**counted_passes(first), **wake_facts(first), **beside_facts(first),
+                            **host_facts(first)})  # fmt: skip
         capacity = saturation_rate(config, cost, args.prompt_tokens, args.output_tokens, 4 * args.max_batch_size)
         rate = args.rate or args.load * capacity
         print(f"simulated capacity {capacity:.2f} req/s ({args.prompt_tokens} + {args.output_tokens} tokens, all "
@@ -676,7 +708,7 @@ def measure(
         for index, count in enumerate(parts):
             if index:
                 print(f"calibration {index} between the run's parts:", flush=True)
-                rounds.append(calibrate(args.port, work / f"after{index}", counted, batches))
+                rounds.append(calibrate(args.port, work / f"after{index}", counted, batches, pid))
             counters = vllm_metric_sums if args.engine == "vllm" else server_step_counters
             before = counters(args.port)
             traces, stolen = bench_stolen(args.port, work / f"run_part{index + 1}.json",
@@ -702,7 +734,7 @@ def measure(
         (work / "facts.json").write_text(json.dumps(facts, indent=1))
         for index in range(len(parts), args.rounds):
             print(f"calibration {index} after the run:", flush=True)
-            rounds.append(calibrate(args.port, work / f"after{index}", counted, batches))
+            rounds.append(calibrate(args.port, work / f"after{index}", counted, batches, pid))
         if args.repeat:
             # The same arrivals and token counts again (the parts' seeds), one part after the other: how far
             # this server on this machine lands from its own run minutes later, the floor under any prediction.
@@ -720,7 +752,7 @@ def measure(
         stop(server)
         server_log.close()
     folders = round_folders(work, args.rounds)
-    facts.update(counted_passes(folders), **wake_facts(folders), **beside_facts(folders))
+    facts.update(counted_passes(folders), **wake_facts(folders), **beside_facts(folders), **host_facts(folders))
     return rounds, measured, facts
 
 
@@ -761,7 +793,7 @@ def replayed(work: Path, rounds: int) -> tuple[list[list[StepSample]], list, dic
         print(f"calibration {folder.name}:")
         calibration.append(read_calibration(folder))
     facts = {**json.loads((work / "facts.json").read_text()), **counted_passes(folders), **wake_facts(folders),
-             **beside_facts(folders)}  # fmt: skip
+             **beside_facts(folders), **host_facts(folders)}  # fmt: skip
     if "run_steps" in facts:
         # folders kept before the server counted its prefills (2026-12-03 morning) name decode batches alone
         facts["run_steps"] = {
@@ -821,6 +853,43 @@ def front_end_slowdowns(pairs: list[tuple[list, list]], cost: ServerCost, config
                                              config) - measured) for slowdown in SLOWDOWNS}  # fmt: skip
         fits.append(min(errors, key=errors.get))
     return fits
+
+
+def host_facts(folders: list[Path]) -> dict:
+    """``{"host_work": [...]}``: each round's CPU time of the server's front end and engine core
+    (:data:`HOST_WORK`), or {} when a round has none (the course's server, folders kept before 2026-12-06)."""
+    paths = [folder / HOST_WORK for folder in folders]
+    if not all(path.exists() for path in paths):
+        return {}
+    return {"host_work": [json.loads(path.read_text()) for path in paths]}
+
+
+def host_work(rounds: list[dict], prompt: int) -> tuple[float, float] | None:
+    """The host's CPU time beside the model's worker (s): per request of ``prompt`` tokens and per output
+    token, the mean over ``rounds`` (:func:`host_facts`).
+
+    Two microbenchmarks tell the two apart: lone prefills of 256 tokens with 2 output tokens each, and lone
+    decodes of 256-token prompts with ``DECODE_OUTPUT`` each; their CPU time per request is ``request + 2 x
+    token`` and ``request + DECODE_OUTPUT x token``. The per-request term is then taken at the prefills of
+    ``prompt`` tokens (the nearest size calibrated). None when a round lacks them."""
+    requests, tokens = [], []
+    for host in rounds:
+        if "prefill 256" not in host or "decode 256" not in host:
+            return None
+        (n_short, short, out_short), (n_long, long, out_long) = host["prefill 256"], host["decode 256"]
+        token = (long / n_long - short / n_short) / (out_long - out_short)
+        sizes = [int(key.split()[1]) for key in host if key.startswith("prefill ")]
+        n, seconds, output = host[f"prefill {min(sizes, key=lambda size: abs(size - prompt))}"]
+        requests.append(seconds / n - output * token)
+        tokens.append(token)
+    return statistics.fmean(requests), statistics.fmean(tokens)
+
+
+def after_engine_work(facts: dict, prompt: int, before_engine: float) -> float:
+    """:attr:`FrontEnd.after_engine` (s): the host's CPU time per request beside the worker (:func:`host_work`)
+    beyond the front end's work before the engine; 0 without the measurement."""
+    measured = host_work(facts.get("host_work", []), prompt) if facts.get("host_work") else None
+    return 0.0 if measured is None else max(measured[0] - before_engine, 0.0)
 
 
 def wake_facts(folders: list[Path]) -> dict:
@@ -901,7 +970,8 @@ def fitted_cost(args: argparse.Namespace, front_end: str, samples: list[StepSamp
     if split is None:
         split = fit(samples, front_end="latency" if front_end == "latency" else "step", seed=args.seed,
                     before_engine_share=share, weights=weights)  # fmt: skip
-    cost = split.replace(idle_wake=wake, serial=front_end == "queue")
+    after = after_engine_work(facts, args.prompt_tokens, split.front_end.before_engine) if front_end == "queue" else 0.0
+    cost = split.replace(idle_wake=wake, serial=front_end == "queue", after_engine=after)
     slowdowns = front_end_slowdowns(facts.get("beside_stream", []), cost, sim_config(args))
     return cost.replace(slowdown=statistics.median(slowdowns)) if slowdowns else cost
 
@@ -959,6 +1029,11 @@ def report(
                   "the prefill microbenchmarks' TTFTs at the client, at the server and inside the engine")  # fmt: skip
         print(f"  of a lone request's front-end time, {before / (before + cost.step.e):.0%} comes "
               f"before the engine sees it ({source}): under load the request waits for it")  # fmt: skip
+    host = host_work(facts.get("host_work", []), args.prompt_tokens) if facts.get("host_work") else None
+    if host is not None and front_end == "queue":
+        print(f"  the server's processes but the model's worker used {host[0] * 1e3:.2f} ms of CPU per lone request "
+              f"and {host[1] * 1e3:.3f} ms per output token: {cost.front_end.after_engine * 1e3:.2f} ms per request "
+              "beyond the work before the engine, taken from the steps when it finishes")  # fmt: skip
     slowdowns = front_end_slowdowns(facts.get("beside_stream", []), cost, config)
     if slowdowns:
         print(f"  beside a step that work takes {cost.front_end.slowdown:.3g}x as long: the median of the rounds' "

@@ -10,8 +10,9 @@ holds it:
   request, on the engine's core (module 2's server: its event loop and tokenizer thread share the
   engine's core); a ``latency`` off the engine's steps (vLLM's API server, another process); the
   ``idle_wake`` a request waits more when it finds the whole server idle; the ``slowdown`` of the
-  front end's work while a step runs beside it on the same core; and whether the front end is ``serial``
-  (one thread, vLLM's API server: requests queue for it) or works on each request at once.
+  front end's work while a step runs beside it on the same core; whether the front end is ``serial``
+  (one thread, vLLM's API server: requests queue for it) or works on each request at once; and the
+  ``after_engine`` work on each request that shares the engine's core but holds no request back.
 * :class:`FrontDoor`, what the simulation loop (:mod:`course.sim.loop`) asks while it runs: which
   requests are ready for the scheduler's queue, and how much of the core their work took from the steps.
 """
@@ -57,6 +58,14 @@ class FrontEnd:
             one event loop; pinned to the engine core's core it also shares that core with the steps).
             False: each request's work starts when it arrives (module 2's server hands each request to a
             tokenizer thread of its own).
+        after_engine: seconds of the host's work on each request, on the engine's core, beyond
+            ``before_engine`` and beyond its tokens' way out: the engine core's bookkeeping for it and the
+            end of its response (vLLM's API server and engine core are processes of their own, pinned to the
+            worker's core). It delays no request's own tokens; it takes the core from the step after the one
+            the request finishes in (where its work lies in the request's life is not measured: the lone
+            requests' CPU time says how much there is, not when). A calibration measures it as the front
+            end's processes' CPU time per lone request, less its tokens' share and ``before_engine``
+            (``benchmarks/sim_fidelity.py``).
     """
 
     before_engine: float = 0.0
@@ -64,9 +73,10 @@ class FrontEnd:
     idle_wake: float = 0.0
     slowdown: float = SHARED_CORE_SLOWDOWN
     serial: bool = False
+    after_engine: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("before_engine", "latency", "idle_wake"):
+        for name in ("before_engine", "latency", "idle_wake", "after_engine"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"FrontEnd.{name} must be >= 0 seconds, got {value!r}")
@@ -99,6 +109,8 @@ class FrontEnd:
             text += f"; that work {self.slowdown:.3g}x as long beside a step"
         if self.before_engine and self.serial:
             text += "; one request at a time (requests queue for it)"
+        if self.after_engine:
+            text += f"; {self.after_engine * 1e3:.3g} ms of host work per request after the engine, beside the steps"
         return text
 
 
@@ -118,7 +130,8 @@ class FrontDoor:
     ``front_end.slowdown`` times longer and the step loses the work's length (:meth:`stretch`); one that
     arrives while the engine idles has the core to itself. A request that finds the whole server idle
     (no step running, nothing at the front door) waits ``front_end.idle_wake`` more for the machine to
-    wake up. A ``serial`` front end starts a request's work only once the one before it is done.
+    wake up. A ``serial`` front end starts a request's work only once the one before it is done. Each
+    request that finishes leaves ``front_end.after_engine`` of work for the next step (:meth:`finished`).
     """
 
     def __init__(self, front_end: FrontEnd = NO_FRONT_END) -> None:
@@ -126,6 +139,7 @@ class FrontDoor:
         self.wake = front_end.idle_wake
         self.slowdown = front_end.slowdown
         self.serial = front_end.serial
+        self.after = front_end.after_engine
         self._free_at = 0.0  # a serial front end: when it is done with the requests it has taken (s)
         self._heap: list[tuple[float, int, object]] = []
         self._arrivals = 0  # tie-break: among requests ready at once, the earlier arrival goes first
@@ -133,8 +147,8 @@ class FrontDoor:
 
     @property
     def active(self) -> bool:
-        """Whether requests pass through the front door at all (it has work or a wake-up to model)."""
-        return bool(self.seconds or self.wake)
+        """Whether the front end has anything to model (work before or after the engine, a wake-up)."""
+        return bool(self.seconds or self.wake or self.after)
 
     def arrive(self, request, arrival_time: float, busy: bool) -> None:
         """Take ``request``, which arrived at ``arrival_time`` (s) while a step ran (``busy``) or not."""
@@ -165,6 +179,15 @@ class FrontDoor:
                 end += shared
                 self._taken += self.seconds - shared
         return end
+
+    def finished(self, count: int) -> None:
+        """``count`` requests finished in the step that just ran: their work after the engine takes the core
+        from the next step (:meth:`taken`)."""
+        self._taken += count * self.after
+
+    def idle(self, seconds: float) -> None:
+        """The engine idles for ``seconds``: the work left for the next step is done meanwhile, as far as it fits."""
+        self._taken = max(0.0, self._taken - seconds)
 
     def taken(self) -> float:
         """The engine's time the front end took from the next step since the last call (s)."""

@@ -229,14 +229,15 @@ class ReadableLedger:
         self.scheduled = scheduled
         return (*load, len(scheduled), blocks.num_blocks - blocks.num_free_blocks, queued)
 
-    def finish(self, index: int) -> None:
+    def finish(self, index: int) -> int:
         """Step ``index`` ran: each request computed its tokens, and who finished leaves (or, under async
-        scheduling, holds its blocks and slot until the next step is scheduled)."""
+        scheduling, holds its blocks and slot until the next step is scheduled). Returns how many finished."""
         finished = _compute(self.scheduled, index)
         if self.async_scheduling:
             self.finishing = finished
         else:
             retire(finished, self.running, self.waiting, self.blocks)
+        return len(finished)
 
 
 def run(

@@ -18,7 +18,8 @@ The loop owns what is the same for both, each written once, in the order an engi
 4. **a step**: the ledger schedules it and counts its load (:data:`ScheduledStep`; None when the pass
    scheduled nobody: under async scheduling it only freed what finished, and takes no time); the cost
    model times it, with its drawn spread, plus what the front end took from the core meanwhile; the step
-   is logged once, its end final; the ledger then hands out its tokens and retires who finished.
+   is logged once, its end final; the ledger then hands out its tokens and retires who finished (whose work
+   after the engine, :attr:`FrontEnd.after_engine`, takes the core from the next step).
 
 A ledger is the small protocol :class:`Ledger`; the loop knows nothing of blocks, prefixes or policies.
 """
@@ -187,7 +188,9 @@ class _Clock:
                 end = door.stretch(start, end + door.taken(), self._upcoming())
             log.add(start, end, *step)
             self.steps = index + 1
-            finish(index)
+            done = finish(index)
+            if done and front_end_works:  # their work after the engine takes the core from the next step
+                door.finished(done)
             self.busy_since, self.now = start, end
         raise RuntimeError(f"the simulation did not finish within {turns} steps")
 
@@ -238,5 +241,8 @@ class _Clock:
             upcoming.append(self.door.next_ready())
         if not upcoming:
             return True
-        self.now, self.busy_since = max(self.now, min(upcoming)), None
+        later = max(self.now, min(upcoming))
+        if self.front_end_works:  # the front end's leftover work runs while the engine idles
+            self.door.idle(later - self.now)
+        self.now, self.busy_since = later, None
         return False

@@ -311,13 +311,16 @@ class FastLedger:
             self._admit_chunks(admitted, budget)
         return load, slow
 
-    def finish(self, index: int) -> None:
-        """Step ``index`` ran: its finished requests leave, and its decodes become lazy for the next one."""
+    def finish(self, index: int) -> int:
+        """Step ``index`` ran: its finished requests leave, and its decodes become lazy for the next one.
+        Returns how many finished."""
         self.step = index + 1
-        if self.finished:
-            self._retire(self.finished)
+        finished = self.finished
+        if finished:
+            self._retire(finished)
         if self.fast and (self.slow or self.active):  # nobody active: every running request is lazy already
             self._lazify(self.running if self.slow else self.active)
+        return len(finished)
 
     # --- the decode fast path --------------------------------------------------------------------
 
@@ -691,10 +694,14 @@ class StaticLedger:
             self._form(index)
         return (*next(self.loads), self.size, self.used, self.queued)
 
-    def finish(self, index: int) -> None:
+    def finish(self, index: int) -> int:
+        """Step ``index`` of the batch ran; returns how many requests finished (the whole batch, at its end:
+        a static batch answers together)."""
         self.steps_left -= 1
-        if not self.steps_left:
-            self.size = 0
+        if self.steps_left:
+            return 0
+        size, self.size = self.size, 0
+        return size
 
     def _form(self, index: int) -> None:
         """The batch that forms at step ``index``: its requests get their token steps and the batch its loads."""

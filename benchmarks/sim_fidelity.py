@@ -83,6 +83,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 from _processes import (
     CLIENT_CORE,
     SERVER_CORE,
@@ -866,23 +867,23 @@ def host_facts(folders: list[Path]) -> dict:
 
 def host_work(rounds: list[dict], prompt: int) -> tuple[float, float] | None:
     """The host's CPU time beside the model's worker (s): per request of ``prompt`` tokens and per output
-    token, the mean over ``rounds`` (:func:`host_facts`).
+    token, fitted to every round (:func:`host_facts`).
 
-    Two microbenchmarks tell the two apart: lone prefills of 256 tokens with 2 output tokens each, and lone
-    decodes of 256-token prompts with ``DECODE_OUTPUT`` each; their CPU time per request is ``request + 2 x
-    token`` and ``request + DECODE_OUTPUT x token``. The per-request term is then taken at the prefills of
-    ``prompt`` tokens (the nearest size calibrated). None when a round lacks them."""
-    requests, tokens = [], []
+    The lone prefills (2 output tokens each, prompts of 16 to 512 tokens) and the lone decodes (``DECODE_OUTPUT``
+    tokens each, prompts of 32 and 256) tell the terms apart: each microbenchmark's CPU time per request is
+    fitted by least squares as ``request + per prompt token x prompt + token x output`` (tokenizing grows with
+    the prompt, streaming with the output). None when the rounds hold no decode (nothing tells the output's
+    share from the request's) or fewer than three microbenchmarks."""
+    rows, seconds = [], []
     for host in rounds:
-        if "prefill 256" not in host or "decode 256" not in host:
-            return None
-        (n_short, short, out_short), (n_long, long, out_long) = host["prefill 256"], host["decode 256"]
-        token = (long / n_long - short / n_short) / (out_long - out_short)
-        sizes = [int(key.split()[1]) for key in host if key.startswith("prefill ")]
-        n, seconds, output = host[f"prefill {min(sizes, key=lambda size: abs(size - prompt))}"]
-        requests.append(seconds / n - output * token)
-        tokens.append(token)
-    return statistics.fmean(requests), statistics.fmean(tokens)
+        for key, (n, total, output) in host.items():
+            if n:
+                rows.append((1.0, float(key.split()[1]), float(output)))
+                seconds.append(total / n)
+    if len(rows) < 3 or not any(row[2] > 2 for row in rows):
+        return None
+    (request, per_prompt_token, token), *_ = np.linalg.lstsq(np.array(rows), np.array(seconds), rcond=None)
+    return float(request + per_prompt_token * prompt), float(token)
 
 
 def after_engine_work(facts: dict, prompt: int, before_engine: float) -> float:
@@ -1102,7 +1103,10 @@ def explain_vllm(breakdown: dict[str, float], real, model, cost: ServerCost, mis
     print(f"  TTFT at the client {client_ttft:.2f} ms; vLLM's TTFT {server_ttft:.2f} ms = queue {queue:.2f} + "
           f"prefill {prefill:.2f} + the rest {server_ttft - queue - prefill:.2f} ms (the hand-off to the engine "
           f"core and back); before vLLM's clock {client_ttft - server_ttft:.2f} ms (HTTP, serving layer)")  # fmt: skip
-    print(f"  the fitted front-end latency: {cost.front_end.latency * 1e3:.2f} ms per request, off the steps")
+    front_end = cost.front_end
+    print(f"  the fitted front end per request: {front_end.before_engine * 1e3:.2f} ms before the engine"
+          f"{' (one request at a time)' if front_end.serial else ''}, {front_end.latency * 1e3:.2f} ms off the steps, "
+          f"{front_end.after_engine * 1e3:.2f} ms after the engine beside the steps")  # fmt: skip
     if "inter_token_latency_seconds" in ms:
         inside = ms["inter_token_latency_seconds"]
         print(f"  ITL mean: at the client {real.itl['mean'] * 1e3:.2f} ms, inside vLLM {inside:.2f} ms, "
@@ -1110,11 +1114,17 @@ def explain_vllm(breakdown: dict[str, float], real, model, cost: ServerCost, mis
     for name in missed:
         if name.startswith("ttft"):
             front = client_ttft - queue - prefill  # HTTP, serving layer and the hand-off both ways
-            fitted = cost.front_end.latency * 1e3
-            why = ("it queues under load: the API server shares core 0 with the engine core, so its per-request "
-                   "and per-token work waits for steps, and the simulator has no such queue" if front > 1.2 * fitted
-                   else f"that part is as fitted, so the miss is the engine core's queue ({queue:.2f} ms) "
-                   f"and prefill ({prefill:.2f} ms)")  # fmt: skip
+            fitted = front_end.before_first_token * 1e3
+            if front <= 1.2 * fitted:
+                why = (f"that part is as fitted, so the miss is the engine core's queue ({queue:.2f} ms) "
+                       f"and prefill ({prefill:.2f} ms)")  # fmt: skip
+            elif front_end.serial:
+                why = ("it waited longer under load than the simulated queue for it (one request at a time, sharing "
+                       "the steps' core) gives")  # fmt: skip
+            else:
+                why = ("it queues under load: the API server shares core 0 with the engine core, so its per-request "
+                       "and per-token work waits for steps, and the simulator has no such queue (--front-end queue "
+                       "models one)")  # fmt: skip
             print(
                 f"  {name}: the front end (HTTP, serving layer, hand-off to the engine core and back) took "
                 f"{front:.2f} ms per request in the run against {fitted:.2f} ms fitted one request at a time; {why}"

@@ -1,4 +1,5 @@
-"""benchmarks/_processes.py: the idle-core policy the serving benchmarks print beside the load average."""
+"""benchmarks/_processes.py: the idle-core policy the serving benchmarks print beside the load average, and the CPU
+time of a server's processes apart from its model's worker."""
 
 import sys
 from pathlib import Path
@@ -6,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-from _processes import idle_policy  # noqa: E402  (benchmarks/ is not a package)
+from _processes import cpu_seconds_outside, idle_policy, process_tree  # noqa: E402  (benchmarks/ is not a package)
 
 
 def fake_sysfs(root: Path, files: dict[str, str]) -> Path:
@@ -49,3 +50,30 @@ def test_bare_metal_gives_driver_and_governor_only(tmp_path):
 @pytest.mark.parametrize("files", [{}, {f"{CPUIDLE}/current_governor": "menu"}])
 def test_no_cpuidle_is_unknown_not_an_error(tmp_path, files):
     assert idle_policy(fake_sysfs(tmp_path, files)) == "idle cores: unknown (no cpuidle in /sys)"
+
+
+def fake_proc(root: Path, processes: dict[int, tuple[str, list[int], dict[int, int]]]) -> Path:
+    """``{pid: (command line, children, {thread id: nanoseconds on the CPU})}`` as /proc shows them."""
+    for pid, (title, children, threads) in processes.items():
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "cmdline").write_bytes(title.encode() + b"\0--flag\0")
+        for index, (tid, nanoseconds) in enumerate(threads.items()):
+            task = root / str(pid) / "task" / str(tid)
+            task.mkdir(parents=True)
+            (task / "children").write_text(" ".join(map(str, children)) + " " if index == 0 else "")
+            (task / "schedstat").write_text(f"{nanoseconds} 12345 67\n")
+    return root
+
+
+def test_a_servers_cpu_time_counts_its_tree_but_the_models_worker(tmp_path):
+    # vllm serve (two threads) -> the engine core -> the worker (retitled VLLM::Worker), and a stranger beside it
+    proc = fake_proc(tmp_path, {
+        100: ("python", [200], {100: 3_000_000, 101: 1_000_000}),
+        200: ("VLLM::EngineCore", [300], {200: 2_500_000}),
+        300: ("VLLM::Worker", [], {300: 90_000_000, 301: 5_000_000}),
+        400: ("python", [], {400: 7_000_000}),
+    })  # fmt: skip
+    assert sorted(process_tree(100, proc)) == [100, 200, 300]
+    assert cpu_seconds_outside(100, "VLLM::Worker", proc) == pytest.approx(6.5e-3)
+    assert cpu_seconds_outside(100, "nothing", proc) == pytest.approx(101.5e-3), "every process counted"
+    assert cpu_seconds_outside(999, "VLLM::Worker", proc) is None, "a server that is gone says nothing"

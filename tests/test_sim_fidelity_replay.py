@@ -344,3 +344,38 @@ def test_a_replay_fits_a_queued_front_end_and_the_line_where_the_run_lives(tmp_p
     rounds, _, facts = sim_fidelity.replayed(tmp_path, 1)
     queued = sim_fidelity.fitted_cost(parsed, "queue", sim_fidelity.merge_rounds(rounds), facts)
     assert queued.front_end.serial and queued.front_end.before_engine > 0 and queued.front_end.latency == 0
+
+
+def host_round(per_request: float, per_token: float) -> dict:
+    """A round's host_work.json on a server whose front end and engine core use ``per_request`` + ``per_token`` x
+    output tokens of CPU per request (s), the per-request part growing by 1 % per 128 prompt tokens."""
+    round_ = {f"prefill {p}": [8, 8 * (per_request * (1 + 0.01 * p / 128) + 2 * per_token), 2]
+              for p in sim_fidelity.PREFILL_LENGTHS}  # fmt: skip
+    output = sim_fidelity.DECODE_OUTPUT
+    round_["decode 256"] = [6, 6 * (per_request * 1.02 + output * per_token), output]
+    return round_
+
+
+def test_the_hosts_work_per_request_and_per_token_are_told_apart_and_what_lies_beyond_the_front_door_is_after():
+    rounds = [host_round(0.005, 0.0003), host_round(0.007, 0.0001)]
+    request, token = sim_fidelity.host_work(rounds, 128)
+    assert token == pytest.approx(0.0002) and request == pytest.approx(0.006 * 1.01)
+    facts = {"host_work": rounds}
+    assert sim_fidelity.after_engine_work(facts, 128, 0.004) == pytest.approx(0.006 * 1.01 - 0.004)
+    assert sim_fidelity.after_engine_work(facts, 128, 0.010) == 0.0, "never below nothing"
+    assert sim_fidelity.after_engine_work({}, 128, 0.004) == 0.0, "not measured (the course's server): none"
+    without_decodes = [{key: value for key, value in r.items() if key != "decode 256"} for r in rounds]
+    assert sim_fidelity.host_work(without_decodes, 128) is None
+
+
+def test_a_vllm_replay_takes_the_hosts_work_after_the_engine_from_the_rounds(tmp_path, capsys):
+    keep_a_run(tmp_path)
+    for name in ("before", "after1", "after2"):
+        (tmp_path / name / sim_fidelity.HOST_WORK).write_text(json.dumps(host_round(0.020, 0.0002)))
+    assert sim_fidelity.main(["--replay", str(tmp_path), "--engine", "vllm", "--front-end", "queue"]) == 0
+    out = capsys.readouterr().out
+    assert "used 20.20 ms of CPU per lone request and 0.200 ms per output token" in out
+    assert "of host work per request after the engine" in out
+    (tmp_path / "after1" / sim_fidelity.HOST_WORK).unlink()  # a round without it: none, as in folders kept before
+    assert sim_fidelity.main(["--replay", str(tmp_path), "--engine", "vllm", "--front-end", "queue"]) == 0
+    assert "after the engine" not in capsys.readouterr().out

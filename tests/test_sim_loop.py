@@ -43,11 +43,13 @@ class OneAtATime:
         head = self.waiting[0]
         return (0 if self.tokens.get(head.request_id) else head.prompt_tokens, 1, 0, 0, 1, 0, len(self.waiting) - 1)
 
-    def finish(self, index: int) -> None:
+    def finish(self, index: int) -> int:
         head = self.waiting[0]
         self.tokens.setdefault(head.request_id, []).append(index)
         if len(self.tokens[head.request_id]) == head.output_tokens:
             self.waiting.popleft()
+            return 1
+        return 0
 
 
 class _Request:
@@ -77,6 +79,47 @@ def test_the_front_ends_work_and_its_share_of_the_core_apply_to_any_ledger():
     log = loop.run(ledger, cost, loop.Admission(num_blocks=100, block_size=16), cost.front_end).freeze()
     assert log.start.tolist() == pytest.approx([0.004, 0.018, 0.028])
     assert log.end.tolist() == pytest.approx([0.018, 0.028, 0.038]), "logged once, with the stretched end"
+
+
+def test_a_finished_requests_work_after_the_engine_takes_the_core_from_the_next_step_not_from_idle_time():
+    # 1 s steps, 0.25 s of work after the engine per request. a (2 tokens) finishes in step 1: step 2 (b's only
+    # token) lasts 1.25 s. b finishes there too, and the engine idles until c arrives at 10 s: b's work is done
+    # meanwhile, so c's step is not stretched.
+    cost = ServerCost(ONE_SECOND, FrontEnd(after_engine=0.25))
+    work = Workload([RequestSpec("a", 0.0, 8, 2), RequestSpec("b", 0.5, 8, 1), RequestSpec("c", 10.0, 8, 1)])
+    log = loop.run(OneAtATime(work), cost, loop.Admission(num_blocks=100, block_size=16), cost.front_end).freeze()
+    assert log.start.tolist() == pytest.approx([0.0, 1.0, 2.0, 10.0])
+    assert log.end.tolist() == pytest.approx([1.0, 2.0, 3.25, 11.0])
+    # c arrives 0.1 s after the engine fell idle: only what was left of b's work (0.15 s) goes into c's step
+    close = Workload([*list(work)[:2], RequestSpec("c", 3.35, 8, 1)])
+    log = loop.run(OneAtATime(close), cost, loop.Admission(num_blocks=100, block_size=16), cost.front_end).freeze()
+    assert log.end.tolist()[-1] == pytest.approx(3.35 + 1.15)
+    assert "250 ms of host work per request after the engine" in cost.describe()
+    with pytest.raises(ValueError, match="after_engine must be >= 0"):
+        FrontEnd(after_engine=-1e-3)
+
+
+def test_front_end_work_left_over_from_a_step_is_done_while_the_engine_waits_for_that_request_not_charged_again():
+    # 10 ms steps, 4 ms of front-end work. b arrives at 13 ms, 1 ms before a's only step ends: the step loses 1 ms
+    # (ends at 15), and b's work, slowed beside the step, is done at 13 + 8 = 21 ms. The engine idles until then,
+    # while the front end does the other 3 ms: b's own step is not stretched by them again.
+    cost = ServerCost(LinearCost(a=0.010, b=0, c=0, d=0), FrontEnd(before_engine=0.004))
+    ledger = OneAtATime(Workload([RequestSpec("a", 0.0, 8, 1), RequestSpec("b", 0.013, 8, 1)]))
+    log = loop.run(ledger, cost, loop.Admission(num_blocks=100, block_size=16), cost.front_end).freeze()
+    assert log.start.tolist() == pytest.approx([0.004, 0.021])
+    assert log.end.tolist() == pytest.approx([0.015, 0.031])
+
+
+def test_both_ledgers_count_the_requests_that_finish_so_the_work_after_the_engine_is_the_same():
+    # several requests finishing in one step, under chunked prefill, async scheduling and the course's server
+    cost = ServerCost(LinearCost(a=0.010, b=1e-5, c=1e-4, d=0), FrontEnd(before_engine=0.002, after_engine=0.003))
+    work = Workload([RequestSpec(f"r{i}", 0.001 * i, 16 + 8 * (i % 3), 1 + i % 4) for i in range(12)])
+    plain = simulate(work, SimConfig(max_num_seqs=8, num_blocks=200), cost.replace(after_engine=0.0)).traces
+    for config in (SimConfig(max_num_seqs=8, num_blocks=200), SimConfig(max_num_seqs=8, num_blocks=200,
+                                                                        async_scheduling=True)):  # fmt: skip
+        fast = simulate(work, config, cost).traces
+        assert [t.chunk_times for t in fast] == [t.chunk_times for t in reference(work, config, cost)[0]]
+    assert fast[-1].chunk_times[-1] > plain[-1].chunk_times[-1], "the finishes' work slows the later steps"
 
 
 def test_a_prompt_that_can_never_fit_a_step_without_chunked_prefill_is_rejected_by_both_ledgers():

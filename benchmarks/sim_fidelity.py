@@ -145,8 +145,8 @@ STEAL_RETRIES = 2
 # last two from its /metrics (vllm:time_to_first_token_seconds: from the engine's arrival stamp to the
 # event loop's handling of the first token); folders kept before 2026-12-03 evening have the first two.
 PREFILL_PASSES = "prefill_passes.json"
-# Lone prefills that arrive while one request decodes (both servers pin their front end to the engine's core; vLLM's
-# since 2026-12-06): how many times longer the front end's work takes beside a step (FrontEnd.slowdown), fitted so
+# Lone prefills that arrive while one request decodes (the course's server only: its front end shares the engine's
+# core): how many times longer the front end's work takes beside a step (FrontEnd.slowdown), fitted so
 # that the simulator gives these prefills the TTFT they measured over the round's lone ones. In eight kept runs
 # requests that found one request decoding waited 1-5 of its steps before their prefill, against 1-2 simulated
 # with an even share of the core (2026-12-04, benchmarks/RESULTS.md).
@@ -259,13 +259,13 @@ def calibrate(port: int, work: Path, counters: bool = False, batches: tuple[int,
                     break
     if host:
         (work / HOST_WORK).write_text(json.dumps(host))
-    # prefills beside a stream: the front end's work beside a step (both servers' front ends share the engine's core)
-    for _ in range(1 + STEAL_RETRIES):
-        before = noise.core_ticks(SERVER_CORE)
-        send_workload(port, beside_rows(), work / BESIDE_FILE)
-        if not stolen_too_much(noise.steal_share(before, noise.core_ticks(SERVER_CORE)),
-                               "the prefills beside a decoding request"):  # fmt: skip
-            break
+    if counters:  # the course's server, whose front end shares the engine's core: prefills beside a stream
+        for _ in range(1 + STEAL_RETRIES):
+            before = noise.core_ticks(SERVER_CORE)
+            send_workload(port, beside_rows(), work / BESIDE_FILE)
+            if not stolen_too_much(noise.steal_share(before, noise.core_ticks(SERVER_CORE)),
+                                   "the prefills beside a decoding request"):  # fmt: skip
+                break
     return read_calibration(work)
 
 

@@ -372,10 +372,16 @@ def test_a_vllm_replay_takes_the_hosts_work_after_the_engine_from_the_rounds(tmp
     keep_a_run(tmp_path)
     for name in ("before", "after1", "after2"):
         (tmp_path / name / sim_fidelity.HOST_WORK).write_text(json.dumps(host_round(0.020, 0.0002)))
-    assert sim_fidelity.main(["--replay", str(tmp_path), "--engine", "vllm", "--front-end", "queue"]) == 0
+    queue = ["--replay", str(tmp_path), "--engine", "vllm", "--front-end", "queue"]
+    assert sim_fidelity.main([*queue, "--after-engine"]) == 0
     out = capsys.readouterr().out
     assert "used 20.20 ms of CPU per lone request and 0.200 ms per output token" in out
-    assert "of host work per request after the engine" in out
+    assert "of host work per request after the engine" in out and "taken from the steps when it finishes" in out
+    assert sim_fidelity.main(queue) == 0  # measured and said, but not in the model unless asked
+    out = capsys.readouterr().out
+    assert "used 20.20 ms of CPU per lone request" in out and "not in the model (--after-engine puts it there)" in out
+    assert "of host work per request after the engine" not in out
     (tmp_path / "after1" / sim_fidelity.HOST_WORK).unlink()  # a round without it: none, as in folders kept before
-    assert sim_fidelity.main(["--replay", str(tmp_path), "--engine", "vllm", "--front-end", "queue"]) == 0
-    assert "after the engine" not in capsys.readouterr().out
+    assert sim_fidelity.main([*queue, "--after-engine"]) == 0
+    out = capsys.readouterr().out
+    assert "of host work per request after the engine" not in out and "ms of CPU per lone request" not in out

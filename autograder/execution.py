@@ -259,8 +259,16 @@ class ResilientExecution(LoggingConfigurable):
             return None
         return payload
 
-    async def _seal_drain(self, cell_index: int) -> None:
-        """Read what a kernel that just died still sent (an ALERT before the seal stopped it)."""
+    async def _seal_drain(self, cell_index: int, interrupted: bool = False) -> None:
+        """Read what a kernel that just died, or is about to be stopped, still sent (an ALERT before the seal
+        stopped it).
+
+        ``interrupted``: the kernel is stopped because it did not stop when interrupted. Its reports that the
+        profile or trace function was replaced (:data:`autograder.seal.PROFILE_RESETS`) are set aside, logged as
+        events: CPython turns a profile function off itself, with the notebook's frame on top, when the grader's
+        KeyboardInterrupt lands inside it (``forbid_reference``'s watcher runs on every call of the answer under
+        test), and no verdict comes from this kernel any more (the cell fails; the next cells run in a new
+        kernel, after the clean cells are run again, which raise any deliberate change again)."""
         from autograder import seal
 
         key = self._seal.get("key")
@@ -268,7 +276,12 @@ class ResilientExecution(LoggingConfigurable):
             line = await self._seal_line(timeout=0.5)
             if line is None:
                 break
-            self._seal_note(cell_index, seal.parse(key, line))
+            payload = seal.parse(key, line)
+            reason = seal.alert_reason(payload)
+            if interrupted and reason in seal.PROFILE_RESETS:
+                self._event(cell_index, "set-aside", f"{reason}, while the kernel was being interrupted: not counted")
+                continue
+            self._seal_note(cell_index, payload)
 
     async def _seal_check(self, cell, cell_index: int) -> None:
         """Ask the seal whether what the test cell ran through is as it was recorded."""
@@ -366,7 +379,7 @@ class ResilientExecution(LoggingConfigurable):
             )
             cell.outputs = list(cell.get("outputs", [])) + [error_output(STUCK_ENAME, message)]
             self._event(cell_index, "unresponsive", message)
-            await self._restart_and_replay()
+            await self._restart_and_replay(interrupted=True)
             return cell
         if self.check_integrity and _is_test_cell(cell):
             await self._check_test_cell(cell, cell_index)
@@ -405,10 +418,11 @@ class ResilientExecution(LoggingConfigurable):
         process = getattr(provisioner, "process", None)
         return process.poll() if process is not None else None
 
-    async def _restart_and_replay(self) -> None:
-        """Kill and restart the kernel, then rerun the cells that had run cleanly (outputs discarded)."""
+    async def _restart_and_replay(self, interrupted: bool = False) -> None:
+        """Kill and restart the kernel, then rerun the cells that had run cleanly (outputs discarded).
+        ``interrupted``: it is stopped for not answering an interrupt (:meth:`_seal_drain`)."""
         if self.check_integrity:
-            await self._seal_drain(-1)
+            await self._seal_drain(-1, interrupted)
         self._restarts += 1
         if self._restarts > self.max_kernel_restarts:
             self._gave_up = True

@@ -58,6 +58,12 @@ FATAL_EVENTS = frozenset(
 )
 # Events that change how the tests run when notebook code (not a library) raises them.
 WATCHED_CALLS = frozenset({"sys.setprofile", "sys.settrace", "sys.addaudithook"})
+# What the hook reports when a profile or trace function is replaced from the notebook's frame. CPython raises
+# these events itself, with the notebook's frame on top, when it turns off a profile or trace function that raised
+# (Python/sysmodule.c, profile_trampoline): the grader's KeyboardInterrupt landing inside course.grading's
+# forbid_reference watcher does that. ResilientExecution sets them aside from a kernel it stops for not answering
+# an interrupt (nothing that kernel runs afterwards reaches a verdict).
+PROFILE_RESETS = frozenset({"the notebook called sys.setprofile", "the notebook called sys.settrace"})
 # sys attributes that change by themselves between cells (the last exception, prompts).
 VOLATILE_SYS = frozenset({"last_type", "last_value", "last_traceback", "last_exc", "ps1", "ps2", "ps3", "_"})
 # Attributes of the kernel's objects that change with every request it serves (the parent message, the
@@ -202,6 +208,13 @@ def listen(path: str) -> socket.socket:
 
 def sign(key: bytes, payload: str) -> str:
     return hmac.new(key, payload.encode(), DIGEST).hexdigest()
+
+
+def alert_reason(payload: str | None) -> str | None:
+    """What an ``ALERT <seq> <reason>`` payload reports, or None for any other payload."""
+    if payload is None or not payload.startswith("ALERT ") or payload.count(" ") < 2:
+        return None
+    return payload.split(" ", 2)[2]
 
 
 def parse(key: bytes, line: bytes) -> str | None:

@@ -65,7 +65,8 @@ class FrontEnd:
             the request finishes in (where its work lies in the request's life is not measured: the lone
             requests' CPU time says how much there is, not when). A calibration measures it as the front
             end's processes' CPU time per lone request, less its tokens' share and ``before_engine``
-            (``benchmarks/sim_fidelity.py``).
+            (``benchmarks/sim_fidelity.py --after-engine``; off by default there: on sixteen live vLLM runs it
+            removed the ITL p50 bias and moved TTFT further off, ``benchmarks/RESULTS.md``).
     """
 
     before_engine: float = 0.0

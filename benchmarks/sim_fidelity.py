@@ -895,7 +895,7 @@ def host_work(rounds: list[dict], prompt: int) -> tuple[float, float] | None:
 def after_engine_work(facts: dict, prompt: int, before_engine: float) -> float:
     """:attr:`FrontEnd.after_engine` (s): the host's CPU time per request beside the worker (:func:`host_work`)
     beyond the front end's work before the engine; 0 without the measurement."""
-    measured = host_work(facts.get("host_work", []), prompt) if facts.get("host_work") else None
+    measured = host_work(facts.get("host_work", []), prompt)
     return 0.0 if measured is None else max(measured[0] - before_engine, 0.0)
 
 
@@ -1038,9 +1038,9 @@ def report(
                   "the prefill microbenchmarks' TTFTs at the client, at the server and inside the engine")  # fmt: skip
         print(f"  of a lone request's front-end time, {before / (before + cost.step.e):.0%} comes "
               f"before the engine sees it ({source}): under load the request waits for it")  # fmt: skip
-    host = host_work(facts.get("host_work", []), args.prompt_tokens) if facts.get("host_work") else None
+    host = host_work(facts.get("host_work", []), args.prompt_tokens)
     if host is not None and front_end == "queue":
-        beyond = max(host[0] - cost.front_end.before_engine, 0.0)
+        beyond = after_engine_work(facts, args.prompt_tokens, cost.front_end.before_engine)
         where = ("taken from the steps when it finishes" if args.after_engine
                  else "not in the model (--after-engine puts it there)")  # fmt: skip
         print(f"  the server's processes but the model's worker used {host[0] * 1e3:.2f} ms of CPU per lone request "

@@ -7,6 +7,7 @@ import socket
 
 import nbformat
 from nbclient import NotebookClient
+from nbclient.exceptions import CellTimeoutError
 
 from autograder import seal
 from autograder.execution import ResilientExecution
@@ -63,6 +64,30 @@ def test_a_line_the_kernel_did_not_sign_is_tampering_even_from_an_interrupted_ke
     asyncio.run(execution._seal_drain(-1, interrupted=True))
     grader.close()
     assert execution.integrity_problems == ["a message on the grading kernel's seal was not signed by it"]
+
+
+class Stuck(NotebookClient):
+    """A kernel whose cell runs past the timeout and ignores the interrupt (nbclient raises CellTimeoutError)."""
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+        raise CellTimeoutError("the cell did not stop")
+
+
+class StuckClient(ResilientExecution, Stuck):
+    drains: list
+
+    async def _seal_drain(self, cell_index: int, interrupted: bool = False) -> None:
+        self.drains.append(interrupted)
+
+
+def test_a_kernel_stopped_for_ignoring_its_interrupt_is_drained_as_interrupted():
+    # The wiring the fix needs: the unresponsive cell's restart tells the drain why the kernel is stopped.
+    execution = StuckClient(nb=nbformat.v4.new_notebook(), check_integrity=True, max_kernel_restarts=0)
+    execution.drains = []
+    cell = nbformat.v4.new_code_cell("while True:\n    pass")
+    asyncio.run(execution.async_execute_cell(cell, 0))
+    assert execution.drains == [True]
+    assert [e["event"] for e in execution.grading_events] == ["unresponsive"]
 
 
 def test_cpython_reports_turning_off_a_profile_function_that_raised_as_sys_setprofile_from_the_callers_frame():

@@ -451,11 +451,14 @@ class _ClusterRun:
     def _submit_all(self, students, pending: dict, finish) -> tuple[dict, dict[str, list[str]]]:
         """Submit every student's job (into ``pending``); one with nothing to grade is ``finish``ed as failed
         at once. Returns (student -> job submitted, student -> the flags their submission raised)."""
-        from autograder.pipeline import _timestamp, student_job
+        from autograder.pipeline import _timestamp, release_bindings, student_job
 
         jobs, flags_of = {}, {}
+        bindings = release_bindings(self.course, self.assignment)
         for student in students:
-            job, flags = student_job(self.course, self.assignment, student, self.template, self.extra, self.limits)
+            job, flags = student_job(
+                self.course, self.assignment, student, self.template, self.extra, self.limits, bindings
+            )
             flags_of[student] = flags
             if job is None:
                 reason = "; ".join(flags) or "no notebook was submitted"

@@ -328,13 +328,15 @@ class ResilientExecution(LoggingConfigurable):
     def _learner_names(self) -> set[str]:
         """Names the learner's answer cells define (what the tests are there to call)."""
         if self._answer_names is None:
+            from autograder import seal
+
             names: set[str] = set()
             for cell in self.nb.cells:
                 meta = cell.get("metadata", {}).get("nbgrader", {})
                 if cell.get("cell_type") != "code" or not meta.get("solution"):
                     continue
                 try:
-                    tree = ast.parse(cell.source)
+                    tree = seal.parse_python(cell.source)
                 except SyntaxError:
                     continue
                 for node in ast.walk(tree):

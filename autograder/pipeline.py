@@ -267,6 +267,7 @@ def _grade(course, assignment, students, workers, sandbox, limits, template, pro
     template = template or template_gradebook(course, assignment)
     ensure_assignment(course, assignment, template)
     extra = extra_files(course, assignment)
+    bindings = release_bindings(course, assignment)  # once, before the threads: the same for every student
     jobs_root = Path(tempfile.mkdtemp(prefix=f"autograder-{assignment}-"))
     lease = UidLease(workers) if mode == "bwrap" else None  # uids no other run on this machine holds
     slots: list[int] = list(lease.slots) if lease else list(range(workers))
@@ -274,7 +275,7 @@ def _grade(course, assignment, students, workers, sandbox, limits, template, pro
     results: dict[str, JobResult] = {}
 
     def one(student: str) -> JobResult:
-        job, flags = student_job(course, assignment, student, template, extra, limits)
+        job, flags = student_job(course, assignment, student, template, extra, limits, bindings)
         if job is None:  # nothing readable: 0, marked for manual grading, with the reasons
             result = JobResult(student, "failed", "; ".join(flags) or "no notebook was submitted", flags=flags)
             with merge_lock:
@@ -339,9 +340,18 @@ def _timestamp(course: Course, assignment: str, student: str) -> str | None:
 
 
 def student_job(
-    course: Course, assignment: str, student: str, template: Path, extra: Path | None, limits: Limits
+    course: Course,
+    assignment: str,
+    student: str,
+    template: Path,
+    extra: Path | None,
+    limits: Limits,
+    bindings: dict[str, str] | None = None,
 ) -> tuple[Job | None, list[str]]:
-    """(the job that grades ``student``, or None when nothing of theirs is readable; their flags)."""
+    """(the job that grades ``student``, or None when nothing of theirs is readable; their flags).
+
+    ``bindings``: :func:`release_bindings` of the assignment, when the caller has it already (read here
+    otherwise)."""
     flags = course.flag_reasons(assignment, student)
     submitted = course.submitted_notebooks(assignment, student)
     if not submitted:
@@ -354,7 +364,7 @@ def student_job(
         extra_files=str(extra) if extra else None,
         timestamp=_timestamp(course, assignment, student),
         limits=limits,
-        bindings=release_bindings(course, assignment),
+        bindings=bindings if bindings is not None else release_bindings(course, assignment),
     )
     return job, flags
 

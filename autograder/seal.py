@@ -35,6 +35,7 @@ import builtins
 import hmac
 import os
 import socket
+import threading
 from typing import Any
 
 SEAL_ENV = "AUTOGRADER_SEAL_SOCKET"
@@ -107,12 +108,24 @@ PRELOADED = ("math", "cmath", "operator", "numpy", "threading", "linecache", "tr
 
 # --- grader side ----------------------------------------------------------------------------------
 
+# CPython 3.11's ast module counts how deep it is in building a tree in one counter per interpreter
+# (Python/Python-ast.c, ``state->recursion_depth``), not per call. Two grading threads that parse at once,
+# with a hand-off of the GIL in between (a finalizer or a garbage-collector callback can release it), read
+# each other's count, and ast.parse raises "SystemError: AST constructor recursion depth mismatch".
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse(source)``, one thread at a time (see ``_PARSE_LOCK``). Raises SyntaxError as ast.parse does."""
+    with _PARSE_LOCK:
+        return ast.parse(source)
+
 
 def free_names(source: str) -> list[str]:
     """The names ``source`` (a test cell) reads without binding them itself: what it takes from the
     notebook's namespace or from builtins. A cell that does not parse gives none."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return []
     bound: set[str] = set()
@@ -142,7 +155,7 @@ def expected_bindings(cells: list) -> dict[str, str]:
         if not _is_course_code(cell):
             continue
         try:
-            tree = ast.parse(cell.get("source", ""))
+            tree = parse_python(cell.get("source", ""))
         except SyntaxError:
             continue
         for node in tree.body:

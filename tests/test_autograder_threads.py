@@ -107,3 +107,65 @@ def test_a_second_thread_cannot_enter_a_course_another_thread_holds(tmp_path):
         holder.join(60)
     with course.exclusive("run tiny"), course.exclusive("grade tiny"):  # nested in one thread: allowed
         pass
+
+
+def test_the_graders_parsing_holds_when_threads_parse_at_once():
+    """CPython 3.11's ast module keeps one depth counter per interpreter while it builds a tree; two grading
+    threads parsing at once, with the GIL handed over in between, made ast.parse raise "SystemError: AST
+    constructor recursion depth mismatch" (one CI run lost m7's grading to it). A garbage-collector callback
+    that yields the GIL makes the hand-over happen every time; without the seal's lock this fails."""
+    import gc
+    import time
+
+    from autograder import seal
+
+    body = "\n".join(
+        f"import numpy as np{i}\ndef f{i}(a, b):\n    return [x * {i} for x in range(a) if (x + b) % 3 == {i % 3}]"
+        for i in range(200)
+    )
+    cells = [{"cell_type": "code", "source": body, "metadata": {}}]
+    expected = seal.expected_bindings(cells)
+
+    def parse_many():
+        for _ in range(10):
+            assert seal.expected_bindings(cells) == expected
+            assert seal.free_names(body) == ["range"]
+        return "done"
+
+    def yield_the_gil(phase, info):
+        time.sleep(0)
+
+    gc.callbacks.append(yield_the_gil)
+    try:
+        outcomes = _in_threads(*[parse_many] * 4)
+    finally:
+        gc.callbacks.remove(yield_the_gil)
+    failures = [getattr(o, "formatted", repr(o)) for o in outcomes if o != "done"]
+    assert not failures, failures[0]
+
+
+def test_one_grading_run_reads_the_released_notebooks_imports_once(tmp_path, monkeypatch):
+    """The released notebooks' imports are the same for every student: read once, before the threads."""
+    from autograder import pipeline
+    from autograder.sandbox import JobResult
+
+    course = tiny_course(tmp_path / "course")
+    for i in range(3):
+        submit(course, f"student{i}", CORRECT)
+    reads, handed = [], []
+    read = pipeline.release_bindings
+
+    def counted(*args):
+        reads.append(args)
+        return read(*args)
+
+    def no_kernel(job, job_dir, slot=0, sandbox="bwrap"):
+        handed.append(job.bindings)
+        return JobResult(job.student, "failed", "not run: this test counts the reads")
+
+    monkeypatch.setattr(pipeline, "release_bindings", counted)
+    monkeypatch.setattr(pipeline, "run_job", no_kernel)
+    results = grade(course, TINY_ASSIGNMENT, workers=2, sandbox="none")
+    assert [r.student for r in results] == ["student0", "student1", "student2"]
+    assert len(reads) == 1
+    assert handed == [read(course, TINY_ASSIGNMENT)] * 3

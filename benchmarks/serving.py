@@ -280,7 +280,7 @@ def run_server(
                     results.setdefault("cpu_us_per_token", {})[concurrency] = 1e6 * (cpu_after - cpu_before) / tokens
                 cpu = results.get("cpu_us_per_token", {}).get(concurrency)
                 cpu_note = f" | server CPU {cpu:4.0f} us/token" if cpu is not None else ""
-                print(f"  {name:40s} concurrency {concurrency:2d}: " + describe(runs) + cpu_note, flush=True)
+                print(f"  {name:40s} concurrency {concurrency:2d}: " + summary_line(runs) + cpu_note, flush=True)
                 if interleave and concurrency == min(args.concurrency) and args.pairs:
                     results["pairs"] = interleaved_pairs(url, model, args)
         except RuntimeError as err:
@@ -295,7 +295,8 @@ def median_of(runs: list[dict], *path: str) -> float:
     return statistics.median(values_at(runs, *path))
 
 
-def describe(runs: list[dict]) -> str:
+def summary_line(runs: list[dict]) -> str:
+    """One line of the runs' medians: output tok/s, TTFT, ITL and TPOT p50 (ms), failures, tokens per request."""
     tokens = {run["output_tokens"] // max(run["completed"], 1) for run in runs}
     ttft, itl, tpot = (median_of(runs, name, "p50_s") * 1e3 for name in ("ttft", "itl", "tpot"))
     return (

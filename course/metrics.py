@@ -107,7 +107,7 @@ class Stats:
         raise KeyError(f"{name!r} was not computed; available: {available}")
 
 
-def describe(values: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> Stats:
+def stats_of(values: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> Stats:
     """Count, mean and percentiles of ``values`` (vLLM's conventions for empty input)."""
     mean = float(np.mean(values)) if len(values) else 0.0
     return Stats(n=len(values), mean=mean, percentiles={float(q): percentile(values, q) for q in percentiles})
@@ -195,10 +195,10 @@ def summarize(
         failed=len(traces) - len(ok),
         duration=run_duration(ok) if duration is None else duration,
         output_tokens=sum(t.output_tokens for t in ok),
-        ttft=describe(ttfts, percentiles),
-        itl=describe(itls, percentiles),
-        tpot=describe(tpots, percentiles),
-        e2e=describe(e2es, percentiles),
+        ttft=stats_of(ttfts, percentiles),
+        itl=stats_of(itls, percentiles),
+        tpot=stats_of(tpots, percentiles),
+        e2e=stats_of(e2es, percentiles),
     )
 
 

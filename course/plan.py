@@ -366,7 +366,7 @@ class ClassResult:
         return {"TTFT": self.check.ttft / self.slo.ttft, "TPOT": self.check.tpot / self.slo.tpot}
 
     def describe(self) -> str:
-        text = self.check.describe(self.slo)
+        text = self.check.verdict(self.slo)
         if self.preempted:
             text = text.rsplit(": ", 1)[0] + f"; {self.preempted} preempted: the KV cache ran out: MISSED"
         return f"{self.name:8s} pool {self.pool}: {self.measured} requests; " + text

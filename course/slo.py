@@ -57,7 +57,8 @@ class SLOCheck:
     failed: int
     holds: bool
 
-    def describe(self, slo: SLO) -> str:
+    def verdict(self, slo: SLO) -> str:
+        """One line: what the run achieved against ``slo``'s targets, and whether they hold."""
         q = f"p{slo.percentile:g}"
         verdict = "holds" if self.holds else "MISSED"
         return (

@@ -79,7 +79,7 @@ def test_percentile_is_linear_interpolation():
 
 
 def test_stats_lookup_names_what_was_computed():
-    stats = metrics.describe([1.0, 2.0, 3.0], percentiles=(50, 90))
+    stats = metrics.stats_of([1.0, 2.0, 3.0], percentiles=(50, 90))
     assert stats["median"] == 2.0 and stats["mean"] == 2.0 and stats["p90"] == pytest.approx(2.8)
     with pytest.raises(KeyError, match="p99"):
         stats["p99"]

@@ -368,10 +368,10 @@ def request_table(rows: Iterable[tuple]) -> RequestTable:
     )
 
 
-def weighted_describe(
+def weighted_stats_of(
     values: np.ndarray, counts: np.ndarray, percentiles: Sequence[float] = metrics.DEFAULT_PERCENTILES
 ) -> metrics.Stats:
-    """:func:`course.metrics.describe` of the pool that holds ``counts[k]`` copies of ``values[k]``.
+    """:func:`course.metrics.stats_of` the pool that holds ``counts[k]`` copies of ``values[k]``.
 
     Percentiles are numpy's linear interpolation between the two order statistics around
     ``(n - 1) * q / 100``, computed as ``numpy.percentile`` does; the mean is the weighted sum over
@@ -379,7 +379,7 @@ def weighted_describe(
     """
     n = int(counts.sum())
     if n == 0:
-        return metrics.describe([], percentiles)
+        return metrics.stats_of([], percentiles)
     order = np.argsort(values, kind="stable")
     ranked, cumulative = values[order], np.cumsum(counts[order])
     mean = float(np.dot(values, counts.astype(float)) / n)
@@ -450,10 +450,10 @@ class SimResult:
             failed=len(table) - len(got.ok),
             duration=got.duration,
             output_tokens=int(got.output.sum()),
-            ttft=metrics.describe(got.ttft, percentiles),
-            itl=weighted_describe(*table.itl_gaps(steps, got.ok), percentiles),
-            tpot=metrics.describe(got.tpot[~np.isnan(got.tpot)], percentiles),
-            e2e=metrics.describe(got.e2e, percentiles),
+            ttft=metrics.stats_of(got.ttft, percentiles),
+            itl=weighted_stats_of(*table.itl_gaps(steps, got.ok), percentiles),
+            tpot=metrics.stats_of(got.tpot[~np.isnan(got.tpot)], percentiles),
+            e2e=metrics.stats_of(got.e2e, percentiles),
         )
 
     def goodput(

@@ -141,7 +141,7 @@ def _field(body: dict, name: str, kinds: tuple[type, ...], default: Any = None, 
     value_ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
     if not value_ok:
         raise BadRequest(
-            f"'{name}' must be {what or ' or '.join(_json_type(k) for k in kinds)}, got {_describe(value)}", name
+            f"'{name}' must be {what or ' or '.join(_json_type(k) for k in kinds)}, got {_quoted(value)}", name
         )
     return value
 
@@ -157,7 +157,8 @@ def _json_type(kind: type) -> str:
     }[kind]
 
 
-def _describe(value: Any) -> str:
+def _quoted(value: Any) -> str:
+    """``value`` as JSON, cut to 40 characters: what an error message quotes of a bad field."""
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -387,10 +388,10 @@ def _logit_bias(body: dict, ctx: ServingContext) -> tuple[tuple[int, float], ...
         token = int(key) if isinstance(key, str) and key.lstrip("-").isdigit() and len(key) < 20 else None
         if token is None or not 0 <= token < ctx.vocab_size:
             raise BadRequest(
-                f"'logit_bias' keys must be token ids in [0, {ctx.vocab_size}), got {_describe(key)}", "logit_bias"
+                f"'logit_bias' keys must be token ids in [0, {ctx.vocab_size}), got {_quoted(key)}", "logit_bias"
             )
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise BadRequest(f"'logit_bias' values must be numbers, got {_describe(value)}", "logit_bias")
+            raise BadRequest(f"'logit_bias' values must be numbers, got {_quoted(value)}", "logit_bias")
         pairs[token] = float(value)
     return tuple(pairs.items())
 
@@ -435,7 +436,7 @@ def _refuse_unsupported(body: dict, kind: str) -> None:
     response_format = _field(body, "response_format", (dict,), default={"type": "text"})
     if response_format.get("type") != "text":
         raise BadRequest(
-            f"'response_format' {_describe(response_format.get('type'))} is not supported: structured output is not "
+            f"'response_format' {_quoted(response_format.get('type'))} is not supported: structured output is not "
             'implemented here; send {"type": "text"} or leave it out.',
             "response_format",
         )
@@ -494,7 +495,7 @@ def parse_completion(body: dict, ctx: ServingContext) -> GenerationRequest:
             raise BadRequest("this server takes one prompt per request; send the prompts separately", "prompt")
         ids = _token_ids(prompt, ctx, "prompt")
     else:
-        raise BadRequest(f"'prompt' must be a string or an array of token ids, got {_describe(prompt)}", "prompt")
+        raise BadRequest(f"'prompt' must be a string or an array of token ids, got {_quoted(prompt)}", "prompt")
     # 16 when max_tokens is left out (the OpenAI/vLLM completions default, CompletionRequest.max_tokens = 16 in
     # vllm/entrypoints/openai/completion/protocol.py); an explicit null is vLLM's None: the room the prompt leaves
     default_max = None if "max_tokens" in body and body["max_tokens"] is None else 16
@@ -507,10 +508,10 @@ def parse_completion(body: dict, ctx: ServingContext) -> GenerationRequest:
 def _message_text(message: Any, index: int) -> tuple[str, str]:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
-        raise BadRequest(f"{where} must be an object with 'role' and 'content', got {_describe(message)}", "messages")
+        raise BadRequest(f"{where} must be an object with 'role' and 'content', got {_quoted(message)}", "messages")
     role = message.get("role")
     if role not in CHAT_ROLES:
-        raise BadRequest(f"{where}.role must be one of {sorted(CHAT_ROLES)}, got {_describe(role)}", "messages")
+        raise BadRequest(f"{where}.role must be one of {sorted(CHAT_ROLES)}, got {_quoted(role)}", "messages")
     content = message.get("content")
     if content is None and role == "assistant":
         content = ""
@@ -522,7 +523,7 @@ def _message_text(message: Any, index: int) -> tuple[str, str]:
             texts.append(part["text"])
         content = "".join(texts)
     if not isinstance(content, str):
-        raise BadRequest(f"{where}.content must be a string or text parts, got {_describe(content)}", "messages")
+        raise BadRequest(f"{where}.content must be a string or text parts, got {_quoted(content)}", "messages")
     return role, content
 
 

@@ -47,11 +47,11 @@ def one_round(lm, budget: int, streams: int, prompt_tokens: int, seed: int) -> d
     while min(map(len, arrivals)) < 20:
         time.sleep(0.005)
     prompt = torch.randint(4, lm.vocab_size, (prompt_tokens,), generator=torch.Generator().manual_seed(seed)).tolist()
-    prefills_before = engine.prefills
+    prefills_before = engine.counters.prefills
     submitted = time.perf_counter()
     long = engine.submit(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
     list(long)
-    passes = engine.prefills - prefills_before
+    passes = engine.counters.prefills - prefills_before
     first = long.first_token_time
     time.sleep(0.05)  # a few more tokens after it, so the gap that ends after it is seen
     engine.stop()

@@ -277,24 +277,24 @@ def test_stop_strings_end_the_text_and_the_generation(server, client):
 
 def test_streaming_disconnect_stops_generation_server_side(server):
     engine = server.engine
-    steps_before = engine.steps
+    steps_before = engine.counters.steps
     body = {"model": MODEL, "prompt": "long", "max_tokens": 400, "stream": True, "ignore_eos": True}
     with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + "/completions", json=body) as response:
         lines = response.iter_lines()
         received = sum(1 for _, line in zip(range(6), lines) if line.startswith("data:"))
     assert received == 3
     assert wait_idle(engine), "the aborted request must leave the engine and free its cache"
-    assert engine.steps - steps_before < 100, "generation went on after the client left"
+    assert engine.counters.steps - steps_before < 100, "generation went on after the client left"
 
 
 def test_non_streaming_disconnect_stops_generation_server_side(server):
     engine = server.engine
-    generated_before = engine.tokens_generated
+    generated_before = engine.counters.tokens_generated
     body = {"model": MODEL, "prompt": "long", "max_tokens": 500, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.base_url + "/completions", json=body, timeout=httpx.Timeout(0.3, connect=5))
     assert wait_idle(engine), "the abandoned request must be aborted and its cache freed"
-    assert engine.tokens_generated - generated_before < 500
+    assert engine.counters.tokens_generated - generated_before < 500
 
 
 def test_error_after_streaming_began_is_an_event_then_done(server):

@@ -31,7 +31,7 @@ def test_requests_aborted_before_admission_never_run(lm):
     engine.step()
     assert all(r.finish_reason == "abort" for r in doomed), [r for r in doomed if r.finish_reason != "abort"]
     assert all(r.output_ids == [] and r.steps_after_abort == 0 for r in doomed)
-    assert engine.num_waiting == 0 and engine.num_running == 4 and engine.prefills == 1
+    assert engine.num_waiting == 0 and engine.num_running == 4 and engine.counters.prefills == 1
     for request in busy:
         engine.abort(request.request_id)
     engine.step()
@@ -65,10 +65,10 @@ def test_stop_admits_nothing_and_fails_every_request(lm):
     engine.step()
     waiting = [engine.submit([8, 9, 10], _params()) for _ in range(5)]
     engine.stop()  # background=False: stop() only asks; the next steps carry it out
-    prefills = engine.prefills
+    prefills = engine.counters.prefills
     while not engine.step():
         pass
-    assert engine.prefills == prefills, "a request waiting at shutdown must not be prefilled"
+    assert engine.counters.prefills == prefills, "a request waiting at shutdown must not be prefilled"
     assert all(r.finish_reason == "error" and "shutting down" in r.error for r in [running, *waiting])
     assert all(r.output_ids == [] for r in waiting)
 

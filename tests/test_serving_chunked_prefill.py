@@ -73,7 +73,7 @@ def test_a_running_stream_gets_a_token_in_every_iteration_of_a_long_prefill(lm64
     biggest = max(n for _, n in log.shapes)
     assert biggest <= budget - 1, f"one forward pass computed {biggest} prompt tokens, over the budget {budget}"
     assert iterations == math.ceil(prompt_len / (budget - 1))
-    recent = list(engine.budget_used)[-iterations:]  # (decodes, prompt tokens) per iteration
+    recent = list(engine.counters.budget_used)[-iterations:]  # (decodes, prompt tokens) per iteration
     assert all(decodes == 1 and decodes + prefilled <= budget for decodes, prefilled in recent), recent
     assert sum(prefilled for _, prefilled in recent) == prompt_len
     engine.abort(stream.request_id)
@@ -105,7 +105,7 @@ def test_the_background_engine_decodes_a_running_stream_in_every_iteration_of_a_
     for _ in tokens:  # drain until the abort's event
         pass
     engine.stop()
-    chunks = [(decodes, prefilled) for decodes, prefilled in engine.budget_used if prefilled]
+    chunks = [(decodes, prefilled) for decodes, prefilled in engine.counters.budget_used if prefilled]
     chunks = chunks[-math.ceil(prompt_len / (budget - 1)) :]  # the long prompt's iterations
     assert sum(prefilled for _, prefilled in chunks) == prompt_len, f"the prompt in chunks: {chunks}"
     assert all(decodes == 1 and decodes + prefilled <= budget for decodes, prefilled in chunks), (
@@ -181,5 +181,5 @@ def test_many_requests_with_small_budgets_keep_their_greedy_output(lm64, budget)
     results = generate_staggered(engine, prompts, outputs, gap=0.003)
     engine.stop()
     assert results == [greedy_reference(lm64, p, n) for p, n in zip(prompts, outputs)]
-    assert max(decodes + prefilled for decodes, prefilled in engine.budget_used) <= budget
+    assert max(decodes + prefilled for decodes, prefilled in engine.counters.budget_used) <= budget
     assert engine.cache_tokens() == 0

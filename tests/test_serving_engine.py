@@ -102,10 +102,10 @@ def test_steps_are_counted_by_batch_and_by_prompt_tokens(lm64):
     assert by_batch["2"][2] == 2 * (12 + 13 + 14) and by_batch["1"][2] == 8 + 9 + 10
     assert by_batch["1"][1] > 0 and by_batch["2"][1] > 0
     assert sum(steps for steps, _, _ in by_batch.values()) == engine.stats()["steps"]
-    assert sum(seconds for _, seconds, _ in by_batch.values()) == pytest.approx(engine.decode_seconds)
+    assert sum(seconds for _, seconds, _ in by_batch.values()) == pytest.approx(engine.counters.decode_seconds)
     prefills = engine.stats()["prefill_steps_by_tokens"]
     assert list(prefills) == ["17"] and prefills["17"][0] == 1  # both prompts in one iteration: 12 + 5 tokens
-    assert prefills["17"][1] == pytest.approx(engine.prefill_seconds)
+    assert prefills["17"][1] == pytest.approx(engine.counters.prefill_seconds)
 
 
 def test_one_at_a_time_mode_never_batches(lm64):

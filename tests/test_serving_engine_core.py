@@ -103,7 +103,8 @@ def test_the_in_process_client_reads_and_writes_its_cores_parts(lm):
     engine.submit([1, 2], SamplingParams(max_tokens=2))
     while engine.num_unfinished:
         engine.step()
-    assert engine.steps == engine.core.steps == 1 and engine.tokens_generated == 2 and engine.stats()["steps"] == 1
+    assert engine.counters is engine.core.counters
+    assert engine.counters.steps == 1 and engine.counters.tokens_generated == 2 and engine.stats()["steps"] == 1
     engine.stop()
 
 

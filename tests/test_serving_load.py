@@ -102,7 +102,7 @@ def test_a_4000_token_prompt_stalls_running_streams_by_at_most_one_prefill(serve
 
     reply, times, start, end = run_sync(main(), timeout=300)
     # The engine iteration that prefilled it: the prefill, the join, a decode step of 17 rows.
-    step = max(seconds for began, seconds in engine.iterations if start <= began <= end)
+    step = max(seconds for began, seconds in engine.counters.iterations if start <= began <= end)
     assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] == 4000
     steady = statistics.median(g for t in times for g in _gaps(t, 0, start))  # one decode step, as streams see it
     stalls = [max(_gaps(t, start, end)) - steady for t in times]

@@ -127,12 +127,12 @@ def test_64_streams_that_stop_reading_free_their_slots_and_an_innocent_request_g
             while engine.num_running < 64 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert engine.num_running == 64, "the hogs never filled the batch: the test would prove nothing"
-            started, at_start = time.monotonic(), engine.tokens_generated
+            started, at_start = time.monotonic(), engine.counters.tokens_generated
             innocent = {"model": MODEL, "prompt": "innocent", "max_tokens": 8, "stream": True}
             with httpx.stream("POST", server.base_url + "/completions", json=innocent, timeout=300) as response:
                 lines = response.iter_lines()
                 first = next(line for line in lines if line.startswith("data:"))
-                hog_tokens, seconds = engine.tokens_generated - at_start, time.monotonic() - started
+                hog_tokens, seconds = engine.counters.tokens_generated - at_start, time.monotonic() - started
                 rest = [line for line in lines if line.startswith("data:")]
             chunk_bytes = len(first) + 2  # an SSE event of one token, as the hogs' chunks
             # + 4: the abort's own event and the steps in flight while the abort reaches the engine
@@ -171,10 +171,10 @@ def test_a_stream_that_waits_too_long_is_closed_and_aborted_and_says_so_in_the_l
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.sendall(_stream_request(body))
             deadline = time.monotonic() + 60
-            while (engine.num_unfinished or not engine.tokens_generated) and time.monotonic() < deadline:
+            while (engine.num_unfinished or not engine.counters.tokens_generated) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert engine.num_unfinished == 0, "a client that read nothing kept its generation running"
-            assert engine.tokens_generated < 4000
+            assert engine.counters.tokens_generated < 4000
             received, closed = b"", False
             sock.settimeout(5)
             while not closed:
@@ -215,9 +215,9 @@ def test_a_backlogged_stream_that_reads_on_ends_with_an_error_event(lm):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.sendall(_stream_request(body))
             deadline = time.monotonic() + 60
-            while (engine.tokens_generated < 10 or engine.num_unfinished) and time.monotonic() < deadline:
+            while (engine.counters.tokens_generated < 10 or engine.num_unfinished) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert engine.num_unfinished == 0 and engine.tokens_generated < 4000
+            assert engine.num_unfinished == 0 and engine.counters.tokens_generated < 4000
             received = b""
             sock.settimeout(10)
             while not received.endswith(b"\r\n0\r\n\r\n"):  # the chunked body's end
@@ -313,7 +313,7 @@ def test_a_body_that_is_not_declared_json_is_refused_with_415_before_anything_ru
             assert error["type"] == "UnsupportedMediaTypeError" and error["code"] == 415
             assert "application/json" in error["message"]
             assert ("no Content-Type" if content_type is None else repr(content_type)) in error["message"]
-    assert engine.tokens_generated == 0 and engine.prefills == 0
+    assert engine.counters.tokens_generated == 0 and engine.counters.prefills == 0
 
 
 def test_json_with_any_parameters_and_the_openai_client_are_served(lm):

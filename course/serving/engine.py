@@ -12,9 +12,9 @@ steps the same core.
 With ``background=False`` no thread runs: the caller steps the core with :meth:`Engine.step`, one iteration
 at a time, as tests and benchmarks do (vLLM's ``LLMEngine.step()`` over its ``InprocClient``).
 
-The core's settings, parts and counters read through the client (``engine.max_model_len``,
-``engine.scheduler``, ``engine.prefix_cache``, ``engine.steps``, ...), so code written against the engine
-before the split runs unchanged; ``engine.core`` is the core itself.
+The core's settings and parts read through the client (``engine.max_model_len``, ``engine.scheduler``,
+``engine.prefix_cache``, ...), and so do its counters (``engine.counters.steps``: a
+:class:`~course.serving.counters.StepCounters`); ``engine.core`` is the core itself.
 """
 
 from __future__ import annotations
@@ -94,18 +94,9 @@ class Engine:
     prefix_cache = _OfCore()
     prefix_cache_off = _OfCore()
     heap = _OfCore()
-    # Its state and counters, written by the thread that steps it.
+    # Its state and counters (course.serving.counters.StepCounters), written by the thread that steps it.
     prefilling = _OfCore()
-    steps = _OfCore()
-    prefills = _OfCore()
-    tokens_generated = _OfCore()
-    batch_size_sum = _OfCore()
-    decode_seconds = _OfCore()
-    prefill_seconds = _OfCore()
-    decode_by_batch = _OfCore()
-    prefill_by_tokens = _OfCore()
-    iterations = _OfCore()
-    budget_used = _OfCore()
+    counters = _OfCore()
     last_error = _OfCore()
 
     def __init__(

@@ -75,13 +75,13 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from course.models import LanguageModel
 from course.serving.batch_cache import BatchCache
 from course.serving.config import EngineConfig
+from course.serving.counters import StepCounters
 from course.serving.memory import HeapTrimmer
 from course.serving.prefix_cache import PrefixCache
 from course.serving.request import (
@@ -141,26 +141,12 @@ class EngineCore:
         self._pending: list[tuple[EngineRequest, TokenEvent]] = []  # events to deliver after this step
         self._on_events = on_events
 
-        # Counters (read from any thread; written by the stepping thread).
-        self.steps = 0  # decode steps run
-        self.prefills = 0  # prefill forward passes run (one per chunk of a chunked prompt)
-        self.tokens_generated = 0
-        self.batch_size_sum = 0  # sum over decode steps of the batch size (mean = / steps)
-        self.decode_seconds = 0.0  # time spent in decode steps (forward + sampling + hand-off)
-        # per batch size: (decode steps, their seconds, cache token slots they attended over), so that a
-        # simulator's fit can be checked against the steps a run itself took, batch by batch
-        self.decode_by_batch: dict[int, tuple[int, float, int]] = {}
-        # per prompt tokens an iteration prefilled: (iterations, their prefill seconds)
-        self.prefill_by_tokens: dict[int, tuple[int, float]] = {}
-        self.prefill_seconds = 0.0
+        self.counters = StepCounters()  # written by the stepping thread, read from any
         self.last_error: str | None = None
         self.wedged_after = config.wedged_after
         # gives the C allocator's free memory back after steps of new tensor sizes (course.serving.memory)
         self.heap = HeapTrimmer()
         self.progress = time.monotonic()  # the end of the last iteration, or when work came to an idle core
-        self.iterations: deque[tuple[float, float]] = deque(maxlen=4096)  # (start, seconds) of recent iterations
-        # (decodes, prompt tokens) each of those iterations' token budget was split into
-        self.budget_used: deque[tuple[int, int]] = deque(maxlen=4096)
 
     # --- requests in (any thread) -----------------------------------------------------------------
 
@@ -179,11 +165,11 @@ class EngineCore:
         """End a request with ``reason`` (a :class:`~course.serving.request.FinishReason`: ValueError for
         anything else) before the next decode step, and free its cache rows. Unknown or finished ids are
         ignored."""
-        self.scheduler.abort([request_id], TokenEvent(None, FinishReason(reason)), self.steps)
+        self.scheduler.abort([request_id], TokenEvent(None, FinishReason(reason)), self.counters.steps)
 
     def abort_all(self, message: str) -> None:
         """End every waiting and running request with an error event of status 503 saying ``message``."""
-        self.scheduler.abort(None, unavailable(message), self.steps)
+        self.scheduler.abort(None, unavailable(message), self.counters.steps)
 
     def stop(self) -> None:
         """Refuse new requests; the next :meth:`step` ends what is left (503) and returns True."""
@@ -208,23 +194,16 @@ class EngineCore:
         if plan.chunks:
             start = time.perf_counter()
             self._guarded(self._prefill, plan.chunks, [r for r, _ in plan.chunks])
-            seconds = time.perf_counter() - start
-            self.prefill_seconds += seconds
-            passes, total = self.prefill_by_tokens.get(prompt_tokens, (0, 0.0))
-            self.prefill_by_tokens[prompt_tokens] = (passes + 1, total + seconds)  # one store: stats() reads it
+            self.counters.count_prefill(prompt_tokens, time.perf_counter() - start)
         if self.batch.rows:
             start = time.perf_counter()
             rows = list(self.batch.rows)
             held = self.batch.tokens_held()  # rows x padded length: what the step's attention reads
             self._guarded(self._decode, rows, rows)
-            seconds = time.perf_counter() - start
-            self.decode_seconds += seconds
-            steps, total, read = self.decode_by_batch.get(len(rows), (0, 0.0, 0))
-            self.decode_by_batch[len(rows)] = (steps + 1, total + seconds, read + held)  # one store: stats() reads it
-        self.iterations.append((started, time.perf_counter() - started))
+            self.counters.count_decode(len(rows), time.perf_counter() - start, held)
+        self.counters.count_iteration(started, time.perf_counter() - started, budgeted, prompt_tokens)
         self.progress = time.monotonic()
         self.heap.maybe_trim(idle=not (self.batch.rows or self.prefilling or self.scheduler.waiting))
-        self.budget_used.append((budgeted, prompt_tokens))
         return False
 
     # --- what the core holds (counters: any thread) -------------------------------------------------
@@ -254,18 +233,7 @@ class EngineCore:
             "running": self.num_running,
             "waiting": self.num_waiting,
             "unfinished": self.num_unfinished,
-            "steps": self.steps,
-            "prefills": self.prefills,
-            "tokens_generated": self.tokens_generated,
-            "mean_batch_size": self.batch_size_sum / self.steps if self.steps else 0.0,
-            "mean_decode_step_ms": 1e3 * self.decode_seconds / self.steps if self.steps else 0.0,
-            "prefill_seconds": self.prefill_seconds,
-            # {batch: [steps, seconds, cache token slots read]}, keys as text (the stats travel as JSON); a step
-            # is counted just after its tokens went out, so a reader that just got its last token may see it a
-            # moment later
-            "decode_steps_by_batch": {str(b): list(t) for b, t in sorted(list(self.decode_by_batch.items()))},
-            # {prompt tokens: [iterations, seconds]} of the iterations that prefilled
-            "prefill_steps_by_tokens": {str(n): list(t) for n, t in sorted(list(self.prefill_by_tokens.items()))},
+            **self.counters.as_stats(),
             "cache_tokens": self.cache_tokens(),
             "max_batch_size": self.max_batch_size,
             "max_model_len": self.max_model_len,
@@ -302,7 +270,7 @@ class EngineCore:
         """Finish aborted requests: the waiting ones (already out of the queue), partly prefilled
         ones and running rows."""
         for request in plan.aborted_waiting:
-            request.freed_step = self.steps  # it never held cache rows
+            request.freed_step = self.counters.steps  # it never held cache rows
             self._finish(request, plan.aborts[request.request_id])
         for request in self._stop_prefilling([r for r in self.prefilling if r.request_id in plan.aborts]):
             self._finish(request, plan.aborts[request.request_id])
@@ -380,7 +348,7 @@ class EngineCore:
         start = request.num_computed_tokens
         ids = torch.tensor([request.prompt_ids[start : start + n]], device=self.lm.device)
         logits, request.prefill_cache = self.runner(ids, request.prefill_cache)
-        self.prefills += 1
+        self.counters.prefills += 1
         request.num_computed_tokens += n
         if request.prompt_tokens_left == 0:  # the last chunk: its cache moves into the batch
             cache, request.prefill_cache = request.prefill_cache, None
@@ -403,7 +371,7 @@ class EngineCore:
             kwargs["attention_mask"] = mask.to(device)
             kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
         logits, prompt_cache = self.runner(ids.to(device), self.runner.new_cache(), **kwargs)
-        self.prefills += 1
+        self.counters.prefills += 1
         for request in requests:
             request.num_computed_tokens = request.num_prompt_tokens
         self._first_tokens(logits, requests, prompt_cache, lengths)
@@ -428,15 +396,15 @@ class EngineCore:
         for request in requests:
             self.prefilling.remove(request)
             request.prefill_cache = None
-            request.freed_step = self.steps
+            request.freed_step = self.counters.steps
         return requests
 
     def _decode(self, rows: list[EngineRequest]) -> None:
         """One decode step for every running request."""
         next_ids, kwargs = self.batch.decode_inputs()
         logits, grown = self.runner(next_ids, self.batch.cache, **kwargs)
-        self.steps += 1
-        self.batch_size_sum += len(rows)
+        self.counters.steps += 1
+        self.counters.batch_size_sum += len(rows)
         tokens, logprobs, next_ids = self._sample(logits[:, -1, :], rows)
         leaving = []
         for row, (request, token) in enumerate(zip(rows, tokens)):
@@ -467,7 +435,7 @@ class EngineCore:
     def _emit(self, request: EngineRequest, token: int, logprobs: tuple | None = None) -> bool:
         """Record a token and queue its event; True when the request is finished."""
         request.output_ids.append(token)
-        self.tokens_generated += 1
+        self.counters.tokens_generated += 1
         params = request.params
         reason = None
         if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_set:
@@ -496,7 +464,7 @@ class EngineCore:
     def _drop(self, rows: list[int]) -> list[EngineRequest]:
         dropped = self.batch.drop(rows)
         for request in dropped:
-            request.freed_step = self.steps
+            request.freed_step = self.counters.steps
         return dropped
 
     def _flush(self) -> None:

@@ -62,11 +62,12 @@ class FrontEnd:
             ``before_engine`` and beyond its tokens' way out: the engine core's bookkeeping for it and the
             end of its response (vLLM's API server and engine core are processes of their own, pinned to the
             worker's core). It delays no request's own tokens; it takes the core from the step after the one
-            the request finishes in (where its work lies in the request's life is not measured: the lone
-            requests' CPU time says how much there is, not when). A calibration measures it as the front
-            end's processes' CPU time per lone request, less its tokens' share and ``before_engine``
-            (``benchmarks/sim_fidelity.py --after-engine``; off by default there: on sixteen live vLLM runs it
-            removed the ITL p50 bias and moved TTFT further off, ``benchmarks/RESULTS.md``).
+            the request finishes in. A calibration measures it as the front end's processes' CPU time per lone
+            request, less its tokens' share and ``before_engine`` (``benchmarks/sim_fidelity.py
+            --after-engine``; off by default there: on sixteen live vLLM runs it removed the ITL p50 bias and
+            moved TTFT further off). A timeline of two vLLM runs (``benchmarks/host_timeline.py``) found vLLM's
+            API server spending about 0.2 ms at a finish, and the engine core's CPU time partly a busy wait, so
+            that measure overstates the work (``benchmarks/RESULTS.md``).
     """
 
     before_engine: float = 0.0

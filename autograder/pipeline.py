@@ -346,12 +346,12 @@ def student_job(
     template: Path,
     extra: Path | None,
     limits: Limits,
-    bindings: dict[str, str] | None = None,
+    bindings: dict[str, str],
 ) -> tuple[Job | None, list[str]]:
     """(the job that grades ``student``, or None when nothing of theirs is readable; their flags).
 
-    ``bindings``: :func:`release_bindings` of the assignment, when the caller has it already (read here
-    otherwise)."""
+    ``bindings``: :func:`release_bindings` of the assignment, read once per grading run by the caller (the same
+    for every student, and read before the grading threads start)."""
     flags = course.flag_reasons(assignment, student)
     submitted = course.submitted_notebooks(assignment, student)
     if not submitted:
@@ -364,7 +364,7 @@ def student_job(
         extra_files=str(extra) if extra else None,
         timestamp=_timestamp(course, assignment, student),
         limits=limits,
-        bindings=bindings if bindings is not None else release_bindings(course, assignment),
+        bindings=bindings,
     )
     return job, flags
 

@@ -165,6 +165,15 @@ def process_tree(pid: int, proc: Path = Path("/proc")) -> list[int]:
     return tree
 
 
+def process_title(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The first argument of ``pid``'s command line: what a process that retitles itself sets (vLLM's
+    ``VLLM::Worker``); None when it is gone."""
+    try:
+        return (proc / str(pid) / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return None
+
+
 def cpu_seconds_outside(pid: int, model_processes: str, proc: Path = Path("/proc")) -> float | None:
     """The CPU time (s) that the threads of ``pid``'s process tree have run so far, less the processes whose
     command line starts with ``model_processes`` (vLLM's model runners retitle themselves ``VLLM::Worker``,
@@ -175,10 +184,10 @@ def cpu_seconds_outside(pid: int, model_processes: str, proc: Path = Path("/proc
     not say."""
     nanoseconds, counted = 0, False
     for member in process_tree(pid, proc):
+        title = process_title(member, proc)
+        if title is None or title.startswith(model_processes):
+            continue
         try:
-            title = (proc / str(member) / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-            if title.startswith(model_processes):
-                continue
             for task in (proc / str(member) / "task").iterdir():
                 nanoseconds += int((task / "schedstat").read_text().split()[0])
                 counted = True

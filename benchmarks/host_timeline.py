@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _processes import process_tree  # noqa: E402
+from _processes import process_title, process_tree  # noqa: E402
 
 GROUPS = ("api", "core", "worker", "other")
 # vLLM's process titles (vllm/v1/engine/core.py and vllm/v1/executor/multiproc_executor.py, 0.32.0)
@@ -64,9 +64,8 @@ def find_server(proc: Path = Path("/proc")) -> int | None:
 
 def group_of(pid: int, server: int, proc: Path = Path("/proc")) -> str | None:
     """Which of :data:`GROUPS` the process ``pid`` below ``server`` belongs to; None when it is gone."""
-    try:
-        title = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-    except OSError:
+    title = process_title(pid, proc)
+    if title is None:
         return None
     for prefix, group in TITLES.items():
         if title.startswith(prefix):
@@ -138,11 +137,15 @@ def load_traces(path: Path) -> list[dict]:
     return [trace for trace in json.loads(path.read_text())["traces"] if trace["chunk_times"]]
 
 
+def span_of(traces: list[dict]) -> tuple[float, float]:
+    """(the first send, the last token) of ``traces``, in s."""
+    return min(trace["send_time"] for trace in traces), max(trace["chunk_times"][-1] for trace in traces)
+
+
 def shares(times: np.ndarray, cumulative: dict[str, np.ndarray], traces: list[dict]) -> dict[str, float] | None:
     """Over the span of ``traces`` (first send to last token): the wall time (ms) and each group's CPU (ms); None
     when the timeline holds fewer than three samples of it."""
-    start = min(trace["send_time"] for trace in traces)
-    end = max(trace["chunk_times"][-1] for trace in traces)
+    start, end = span_of(traces)
     first, last = np.searchsorted(times, start), np.searchsorted(times, end) - 1
     if last - first < 2:
         return None
@@ -169,10 +172,8 @@ def event_design(times: np.ndarray, traces: list[dict]) -> tuple[np.ndarray, sli
     for name, when in event_times(traces).items():
         counts = np.bincount(np.clip(np.searchsorted(times, when, side="right") - 1, 0, bins - 1), minlength=bins)
         columns += [np.roll(counts, lag) for lag in LAGS[name]]
-    span = slice(
-        int(np.searchsorted(times, min(t["send_time"] for t in traces))),
-        int(np.searchsorted(times, max(t["chunk_times"][-1] for t in traces))) - 1,
-    )
+    start, end = span_of(traces)
+    span = slice(int(np.searchsorted(times, start)), int(np.searchsorted(times, end)) - 1)
     return np.column_stack(columns + [np.ones(bins)])[span], span
 
 

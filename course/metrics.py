@@ -59,6 +59,34 @@ def itl(trace: RequestTrace) -> list[float]:
     return [later - earlier for earlier, later in zip(times, times[1:])]
 
 
+def itl_by_streams(traces: Sequence[RequestTrace], width: int = 4) -> dict[int, list[float]]:
+    """The ITL gaps (s) of ``traces`` pooled by how many requests were streaming during each gap.
+
+    A request streams from its first chunk to its last; a gap counts the requests streaming at its
+    midpoint, itself included. Gaps go to bins ``width`` counts wide, keyed by the bin's lowest
+    count: with ``width=4``, key 1 holds the gaps at 1-4 streams, key 5 those at 5-8. Failed
+    requests are left out. Where a server's steps grow with the batch, so do the gaps, bin by bin;
+    comparing two runs' bins (a server's and a simulation of it) shows at which load they part.
+    """
+    if width < 1:
+        raise ValueError(f"width must be at least 1 stream, got {width}")
+    streaming = [t for t in traces if t.succeeded and t.chunk_times]
+    starts = np.sort([t.chunk_times[0] for t in streaming])
+    ends = np.sort([t.chunk_times[-1] for t in streaming])
+    bins: dict[int, list[float]] = {}
+    for trace in streaming:
+        times = np.asarray(trace.chunk_times)
+        if len(times) < 2:
+            continue
+        middles = (times[1:] + times[:-1]) / 2
+        # started at or before the midpoint, less those that had already ended before it
+        counts = np.searchsorted(starts, middles, side="right") - np.searchsorted(ends, middles, side="left")
+        for gap, count in zip(np.diff(times), counts):
+            low = (max(int(count), 1) - 1) // width * width + 1
+            bins.setdefault(low, []).append(float(gap))
+    return dict(sorted(bins.items()))
+
+
 def tpot(trace: RequestTrace) -> float | None:
     """Time per output token after the first (s), or None for outputs of one token or fewer."""
     if trace.output_tokens <= 1:

@@ -173,3 +173,33 @@ def test_summary_to_dict_has_every_number_of_the_table():
     )
     assert data["itl"] == {"n": 2, "mean_s": 0.25, "p50_s": 0.25, "p90_s": 0.25}
     assert set(data["ttft"]) == set(data["tpot"]) == set(data["e2e"]) == {"n", "mean_s", "p50_s", "p90_s"}
+
+
+def test_itl_by_streams_counts_the_requests_streaming_at_each_gaps_midpoint():
+    alone_then_joined = RequestTrace("a", 0.0, [1.0, 2.0, 3.0, 4.0], [1] * 4)
+    joins = RequestTrace("b", 0.0, [2.5, 3.5], [1, 1])  # streams from 2.5 to 3.5
+    gone = RequestTrace("c", 0.0, [0.1, 0.4], [1, 1])  # ended before any of a's gaps
+    failed = RequestTrace("d", 0.0, [1.0, 3.0], [1, 1], error="HTTP 500")
+    by_one = metrics.itl_by_streams([alone_then_joined, joins, gone, failed], width=1)
+    # a's gaps at midpoints 1.5 (a alone), 2.5 (a and b: b's first chunk), 3.5 (b's last chunk still counts);
+    # b's own gap at 3.0 (both); c's gap at 0.25 (c alone); the failed request is left out, gaps and streams
+    assert by_one == {1: pytest.approx([1.0, 0.3]), 2: pytest.approx([1.0, 1.0, 1.0])}
+    by_four = metrics.itl_by_streams([alone_then_joined, joins, gone, failed], width=4)
+    assert list(by_four) == [1] and len(by_four[1]) == 5
+
+
+@given(st.lists(st.tuples(st.floats(0, 10), st.lists(st.floats(0.001, 1), min_size=1, max_size=6)), max_size=8))
+def test_itl_by_streams_holds_every_gap_once_and_no_more_streams_than_requests(requests):
+    traces = []
+    for index, (start, gaps) in enumerate(requests):
+        times = [start + sum(gaps[:i]) for i in range(len(gaps) + 1)]
+        traces.append(RequestTrace(str(index), 0.0, times, [1] * len(times)))
+    by_two = metrics.itl_by_streams(traces, width=2)
+    pooled = sorted(g for gaps in by_two.values() for g in gaps)
+    assert pooled == pytest.approx(sorted(g for t in traces for g in metrics.itl(t)))
+    assert all(low % 2 == 1 and low <= max(len(traces), 1) for low in by_two)
+
+
+def test_itl_by_streams_rejects_a_bin_narrower_than_one_stream():
+    with pytest.raises(ValueError, match="at least 1"):
+        metrics.itl_by_streams([], width=0)

@@ -81,6 +81,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -595,8 +596,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-repeat", dest="repeat", action="store_false",
                         help="do not send the run's requests again at the end (the server against itself)")  # fmt: skip
     parser.add_argument("--keep", help="keep the trace files in this folder")
-    parser.add_argument("--replay", metavar="DIR",
-                        help="fit and simulate the run a --keep folder holds again, without a server")  # fmt: skip
+    parser.add_argument("--replay", metavar="DIR", nargs="+",
+                        help="fit and simulate the run a --keep folder holds again, without a server; with several "
+                             "folders, then tally the runs within the bar (each target or the server's own second "
+                             "run's difference, whichever is larger)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the server command; start nothing")
     args = parser.parse_args(argv)
     if args.rate is None and args.load is None:
@@ -647,8 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     config = sim_config(args)
     front_end = args.front_end or ("step" if args.engine == "course" else "latency")
     if args.replay:
-        args.rounds = args.rounds or kept_rounds(Path(args.replay))
-        return report(args, config, front_end, *replayed(Path(args.replay), args.rounds))
+        return replay_all(args, config, front_end)
     work = Path(args.keep or tempfile.mkdtemp(prefix="sim-fidelity-"))
     if args.engine == "vllm":
         command = vllm_server_command(args.port, work / "tiny", args.max_batch_size, args.max_prefill_tokens)
@@ -668,11 +670,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vLLM's environment is not built ({VLLM_PYTHON}); build it with bin/vllm-env", file=sys.stderr)
         return 2
     rounds, measured, facts = measure(args, config, front_end, command, work)
-    status = report(args, config, front_end, rounds, measured, facts)
+    report(args, config, front_end, rounds, measured, facts)
     print(f"\ntraces and server log in {work} (--replay {work} fits and simulates them again)" if args.keep else "")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    return status
+    return 0
+
+
+def replay_all(args: argparse.Namespace, config: SimConfig, front_end: str) -> int:
+    """Fit and simulate every kept run ``args.replay`` names again; with more than one, tally them."""
+    told = args.rounds
+    verdicts = []
+    for folder in args.replay:
+        args.rounds = told or kept_rounds(Path(folder))
+        verdicts.append(report(args, config, front_end, *replayed(Path(folder), args.rounds), run_name=folder))
+    if len(verdicts) > 1:
+        print_tally(verdicts)
+    return 0
 
 
 def measure(
@@ -771,6 +785,57 @@ def part_options(args: argparse.Namespace, rate: float, count: int, index: int) 
 
 
 REPORTED = ("ttft", "itl", "tpot", "e2e")
+TARGETED = ("ttft p50", "ttft p95", "itl p50", "itl p95")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One run's simulated TTFT and ITL percentiles against the measured ones.
+
+    ``errors``: simulated / measured - 1 for each of :data:`TARGETED`; ``again``: the server's second run of
+    the same requests against its first, where the run was sent again (else None). A metric is within the bar
+    when its error is no larger than its target (:data:`TARGETS`) or than the server's own difference,
+    whichever is larger (issue 45: the simulator cannot be asked to repeat a server better than it repeats itself).
+    """
+
+    name: str
+    errors: dict[str, float]
+    again: dict[str, float] | None = None
+
+    def bar(self, metric: str) -> float:
+        """The largest error ``metric`` ("ttft p50", ...) may have (a fraction)."""
+        target = TARGETS[metric.split()[1]]
+        return max(target, abs(self.again[metric])) if self.again else target
+
+    def within(self, metric: str) -> bool:
+        return abs(self.errors[metric]) <= self.bar(metric)
+
+    @property
+    def held(self) -> int:
+        """How many of the four targeted metrics are within the bar."""
+        return sum(self.within(metric) for metric in TARGETED)
+
+
+def print_tally(verdicts: list[Verdict]) -> None:
+    """Each run's four errors (* past the bar; the server's own difference in brackets), and how many runs
+    held all four."""
+    print(f"\n{len(verdicts)} runs, each metric within the larger of its target and the server's own second run's "
+          "difference (in brackets; * past it):")  # fmt: skip
+    print(f"{'run':24s} " + " ".join(f"{metric.upper():>18s}" for metric in TARGETED) + "  held")
+    for verdict in verdicts:
+        cells = []
+        for metric in TARGETED:
+            again = f"({verdict.again[metric]:+.0%})" if verdict.again else ""
+            cells.append(f"{verdict.errors[metric]:+7.1%}{'' if verdict.within(metric) else '*'}{again}")
+        print(f"{'/'.join(Path(verdict.name).parts[-2:])[-24:]:24s} " + " ".join(f"{cell:>18s}" for cell in cells) +
+              f"  {verdict.held} of 4")  # fmt: skip
+    held = sum(verdict.held == len(TARGETED) for verdict in verdicts)
+    means = "; ".join(
+        f"{metric} {statistics.fmean(v.errors[metric] for v in verdicts):+.1%} "
+        f"({statistics.fmean(abs(v.errors[metric]) for v in verdicts):.1%})"
+        for metric in TARGETED
+    )
+    print(f"within the bar on all four: {held} of {len(verdicts)} runs; mean error (mean absolute error): {means}")
 
 
 def percentiles_ms(traces: list) -> dict[str, dict[str, float]]:
@@ -1011,9 +1076,9 @@ def front_end_with_passes(samples: list[StepSample], passes: dict[int, float], s
 
 def report(
     args: argparse.Namespace, config: SimConfig, front_end: str, rounds: list[list[StepSample]], measured: list,
-    facts: dict,
-) -> int:  # fmt: skip
-    """Fit the cost to the calibration, replay the run through the simulator, print the errors."""
+    facts: dict, run_name: str = "the run",
+) -> Verdict:  # fmt: skip
+    """Fit the cost to the calibration, replay the run through the simulator, print the errors; return them."""
     rate, capacity = facts["rate"], facts["capacity"]
     samples = merge_rounds(rounds)
     replay = from_traces(measured, name="the measured run")
@@ -1068,6 +1133,7 @@ def report(
     header = ("metric", "measured ms", "simulated ms", "error", "target", "", "4-term line", "server again")
     print("{:8s} {:>12s} {:>13s} {:>8s} {:>7s} {:8s} {:>11s} {:>12s}".format(*header))
     ok, missed, own = True, [], []
+    errors, again_by_metric = {}, {}
     for name in REPORTED:
         for q in ("p50", "p95"):
             got, want = getattr(model, name)[q], getattr(real, name)[q]
@@ -1083,8 +1149,11 @@ def report(
             again = "-" if second is None else f"{second:+.1%}"
             if second is not None and target is not None and abs(second) > target:
                 own.append(f"{name} {q}")
+            if target is not None:
+                errors[f"{name} {q}"], again_by_metric[f"{name} {q}"] = error, second
             print(f"{name.upper() + ' ' + q:8s} {want * 1e3:12.2f} {got * 1e3:13.2f} {error:+8.1%} {shown:>7s} "
                   f"{mark:8s} {old:+11.1%} {again:>12s}")  # fmt: skip
+    print_itl_by_streams(measured, cost.delivered(simulated.traces))
     if "breakdown" in facts:
         explain_vllm(facts["breakdown"], real, model, cost, missed)
     if facts.get("run_steps"):
@@ -1095,7 +1164,21 @@ def report(
     if repeat is not None:
         print(repeat_verdict(missed, own, [*facts.get("run_steal", []), *facts.get("repeat_steal", [])]))
     print(noise_verdict(rounds, facts["run_load"], facts.get("run_steal", [])))
-    return 0
+    return Verdict(run_name, errors, again_by_metric if repeat is not None else None)
+
+
+def print_itl_by_streams(measured: list, simulated: list, width: int = 4) -> None:
+    """The ITL gaps' p10 / p50 / p90 (ms) by requests streaming at the time, measured and simulated: where
+    the simulated steps part from the server's, and whether the median or the tail (the steps that
+    carry a prefill or the front end's work) does."""
+    real, model = metrics.itl_by_streams(measured, width), metrics.itl_by_streams(simulated, width)
+    print("ITL by requests streaming, p10 / p50 / p90 ms (gaps): measured | simulated")
+    for low in sorted(set(real) | set(model)):
+        cells = []
+        for gaps in (real.get(low, []), model.get(low, [])):
+            p10, p50, p90 = (metrics.percentile(gaps, q) * 1e3 for q in (10, 50, 90))
+            cells.append(f"{p10:6.2f} {p50:6.2f} {p90:6.2f} ({len(gaps):5d})")
+        print(f"  {low:2d}-{low + width - 1:2d} streams: {cells[0]} | {cells[1]}")
 
 
 def explain_vllm(breakdown: dict[str, float], real, model, cost: ServerCost, missed: list[str]) -> None:

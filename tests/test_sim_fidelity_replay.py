@@ -385,3 +385,31 @@ def test_a_vllm_replay_takes_the_hosts_work_after_the_engine_from_the_rounds(tmp
     assert sim_fidelity.main([*queue, "--after-engine"]) == 0
     out = capsys.readouterr().out
     assert "of host work per request after the engine" not in out and "ms of CPU per lone request" not in out
+
+
+def test_a_metric_is_within_the_bar_when_it_is_within_its_target_or_the_servers_own_difference():
+    errors = {"ttft p50": -0.15, "ttft p95": 0.19, "itl p50": 0.12, "itl p95": -0.35}
+    again = {"ttft p50": 0.20, "ttft p95": -0.05, "itl p50": 0.05, "itl p95": 0.30}
+    verdict = sim_fidelity.Verdict("r1", errors, again)
+    assert verdict.within("ttft p50"), "15 % off, but the server moved 20 % against itself"
+    assert verdict.within("ttft p95"), "within its 20 % target; the server's 5 % does not narrow it"
+    assert not verdict.within("itl p50"), "past 10 % and past the server's 5 %"
+    assert not verdict.within("itl p95"), "past the server's 30 %: the sign of the difference does not matter"
+    assert verdict.held == 2
+    assert sim_fidelity.Verdict("r2", errors).held == 1, "a run not sent again is held to the targets alone"
+
+
+def test_several_kept_runs_are_replayed_and_tallied_against_the_bar(tmp_path, capsys):
+    for name in ("a", "b"):
+        keep_a_run(tmp_path / name)
+    args = ["--replay", str(tmp_path / "a"), str(tmp_path / "b"), "--engine", "vllm", "--front-end", "queue"]
+    assert sim_fidelity.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("replaying the run kept in") == 2
+    assert "ITL by requests streaming" in out
+    tally = out[out.index("2 runs, each metric within"):]
+    rows = [line for line in tally.splitlines() if line.split()[0].endswith(("/a", "/b"))]
+    assert len(rows) == 2 and all(line.endswith("of 4") for line in rows)
+    assert "within the bar on all four:" in tally and "of 2 runs" in tally
+    assert sim_fidelity.main(["--replay", str(tmp_path / "a")]) == 0
+    assert "runs, each metric within" not in capsys.readouterr().out, "one run: no tally"

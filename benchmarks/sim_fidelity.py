@@ -53,14 +53,18 @@
 6. Prints measured vs simulated TTFT and ITL (p50, p95) with the errors and targets, beside the plain
    four-term line's errors and the second run's; for vLLM also where its time goes by its own metrics
    (``/metrics``: queue, prefill and the rest of its TTFT, its ITL inside the server) and which part the
-   simulator misses.
+   simulator misses; and the ITL gaps by how many requests were streaming (p10 / p50 / p90, measured and
+   simulated: at which load the simulated steps part from the server's, and whether the median or the tail does).
    For the course's server, the steps the run itself took (its ``/health`` counters of decode steps per
    batch size and prefill passes per prompt size, over the run's parts only) against the fitted line,
    and the errors once more with a line fitted to those steps: what is left then is the simulator's
    (its scheduling, its spread, the front end's cost); what goes away was the calibration's.
 
     .venv/bin/python benchmarks/sim_fidelity.py [--engine course|vllm] [--rate R | --load 0.7] [--requests 150]
-                                                [--no-repeat] [--keep DIR] [--replay DIR] [--dry-run]
+                                                [--no-repeat] [--keep DIR] [--replay DIR [DIR ...]] [--dry-run]
+
+``--replay`` with several kept folders replays each, then tallies them against issue 45's bar: each of TTFT and
+ITL p50 and p95 within the larger of its target and the server's own second run's difference.
 
 Timings on a shared machine are noisy; run it on a quiet one for the figures in benchmarks/RESULTS.md. The
 load average is printed at the start and the end: above 1 per core, other programs shared the cores and

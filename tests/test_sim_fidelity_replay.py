@@ -407,7 +407,7 @@ def test_several_kept_runs_are_replayed_and_tallied_against_the_bar(tmp_path, ca
     out = capsys.readouterr().out
     assert out.count("replaying the run kept in") == 2
     assert "ITL by requests streaming" in out
-    tally = out[out.index("2 runs, each metric within"):]
+    tally = out[out.index("2 runs, each metric within") :]
     rows = [line for line in tally.splitlines() if line.split()[0].endswith(("/a", "/b"))]
     assert len(rows) == 2 and all(line.endswith("of 4") for line in rows)
     assert "within the bar on all four:" in tally and "of 2 runs" in tally

@@ -427,7 +427,7 @@ def decode_sample(traces: Sequence[RequestTrace], batch: int, context: int, outp
         if tokens > 0 and len(times) > 1:
             steady.append((times[-1] - times[0]) / tokens)
             gaps += [later - earlier for earlier, later in zip(times, times[1:])
-                     if not _holds_a_first_token(first_tokens, earlier, later)]  # fmt: skip
+                     if not holds_a_first_token(first_tokens, earlier, later)]  # fmt: skip
     if not steady:
         raise ValueError(
             f"decode calibration (batch {batch}, context {context}): no request streamed 3 chunks or more; "
@@ -440,7 +440,7 @@ def decode_sample(traces: Sequence[RequestTrace], batch: int, context: int, outp
     )  # fmt: skip
 
 
-def _holds_a_first_token(first_tokens: Sequence[float], earlier: float, later: float) -> bool:
+def holds_a_first_token(first_tokens: Sequence[float], earlier: float, later: float) -> bool:
     """Whether a request's first token (sorted times, s) came in the gap (``earlier``, ``later``]."""
     index = bisect.bisect_right(first_tokens, earlier)
     return index < len(first_tokens) and first_tokens[index] <= later

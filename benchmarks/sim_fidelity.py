@@ -85,6 +85,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1086,11 +1087,9 @@ def report(
     rate, capacity = facts["rate"], facts["capacity"]
     samples = merge_rounds(rounds)
     replay = from_traces(measured, name="the measured run")
-    cost = fitted_cost(args, front_end, samples, facts)
+    cost, weights = run_cost(args, front_end, samples, facts, replay, config)
     line = fit(samples, front_end="none", spread=False, shape=False)
-    if args.where_the_run_lives:  # the line again, each sample weighted by the simulated run's time in steps like it
-        weights = run_weights(samples, simulate(replay, config, cost).steps)
-        cost = fitted_cost(args, front_end, samples, facts, weights)
+    if weights is not None:
         print(
             "\nfitted where the run lives (each microbenchmark weighted by the simulated run's time in steps like "
             f"it: {', '.join(f'{_named(s)} {w:.2g}' for s, w in zip(samples, weights) if w > 0.1)}; the rest 0.1)"
@@ -1137,7 +1136,6 @@ def report(
     header = ("metric", "measured ms", "simulated ms", "error", "target", "", "4-term line", "server again")
     print("{:8s} {:>12s} {:>13s} {:>8s} {:>7s} {:8s} {:>11s} {:>12s}".format(*header))
     ok, missed, own = True, [], []
-    errors, again_by_metric = {}, {}
     for name in REPORTED:
         for q in ("p50", "p95"):
             got, want = getattr(model, name)[q], getattr(real, name)[q]
@@ -1153,8 +1151,6 @@ def report(
             again = "-" if second is None else f"{second:+.1%}"
             if second is not None and target is not None and abs(second) > target:
                 own.append(f"{name} {q}")
-            if target is not None:
-                errors[f"{name} {q}"], again_by_metric[f"{name} {q}"] = error, second
             print(f"{name.upper() + ' ' + q:8s} {want * 1e3:12.2f} {got * 1e3:13.2f} {error:+8.1%} {shown:>7s} "
                   f"{mark:8s} {old:+11.1%} {again:>12s}")  # fmt: skip
     print_itl_by_streams(measured, cost.delivered(simulated.traces))
@@ -1168,7 +1164,36 @@ def report(
     if repeat is not None:
         print(repeat_verdict(missed, own, [*facts.get("run_steal", []), *facts.get("repeat_steal", [])]))
     print(noise_verdict(rounds, facts["run_load"], facts.get("run_steal", [])))
-    return Verdict(run_name, errors, again_by_metric if repeat is not None else None)
+    return verdict_of(run_name, real, model, repeat)
+
+
+def run_cost(
+    args: argparse.Namespace, front_end: str, samples: list[StepSample], facts: dict, replay, config: SimConfig,
+    adjust: Callable[[ServerCost], ServerCost] | None = None,
+) -> tuple[ServerCost, list[float] | None]:  # fmt: skip
+    """The cost fitted to the calibration (:func:`fitted_cost`) and, with ``--where-the-run-lives``, fitted again
+    with each sample weighted by the simulated ``replay``'s time in steps like it; those weights (None without).
+    ``adjust`` changes each fit before it is used (``benchmarks/sim_fidelity_whatif.py``'s what-ifs)."""
+    adjust = adjust or (lambda cost: cost)
+    cost = adjust(fitted_cost(args, front_end, samples, facts))
+    if not args.where_the_run_lives:
+        return cost, None
+    weights = run_weights(samples, simulate(replay, config, cost).steps)
+    return adjust(fitted_cost(args, front_end, samples, facts, weights)), weights
+
+
+def verdict_of(name: str, real: metrics.BenchmarkSummary, model: metrics.BenchmarkSummary,
+               repeat: dict[str, dict[str, float]] | None = None) -> Verdict:  # fmt: skip
+    """The simulated run's (``model``) TTFT and ITL percentiles against the measured run's (``real``), with the
+    server's second run's (``repeat``: :func:`percentiles_ms` of it, None where the run was not sent again)."""
+    errors, again = {}, {}
+    for metric in TARGETED:
+        kind, q = metric.split()
+        want = getattr(real, kind)[q]
+        errors[metric] = getattr(model, kind)[q] / want - 1
+        if repeat is not None:
+            again[metric] = repeat[kind][q] / (want * 1e3) - 1
+    return Verdict(name, errors, again if repeat is not None else None)
 
 
 def print_itl_by_streams(measured: list, simulated: list, width: int = 4) -> None:

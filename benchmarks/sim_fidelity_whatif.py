@@ -40,7 +40,6 @@ import sim_fidelity  # noqa: E402  (benchmarks/ is not a package)
 
 from course import metrics  # noqa: E402
 from course.sim import ServerCost, simulate  # noqa: E402
-from course.sim.calibration import run_weights  # noqa: E402
 from course.sim.frontend import FrontDoor  # noqa: E402
 from course.trace import load_traces  # noqa: E402
 from course.workload import from_traces  # noqa: E402
@@ -88,8 +87,8 @@ def arrival_core(seconds: float | None) -> Iterator[None]:
         FrontDoor.stretch = original
 
 
-def simulated_run(folder: Path, change: Change) -> tuple[list, list, dict]:
-    """The kept run's measured traces, the changed model's simulated ones (as a client sees them), its facts."""
+def simulated_run(folder: Path, change: Change) -> tuple[list, list]:
+    """The kept run's measured traces and the changed model's simulated ones (as a client sees them)."""
     args = sim_fidelity.parse_args(["--replay", str(folder), *FIT])
     config = sim_fidelity.sim_config(args)
     with contextlib.redirect_stdout(io.StringIO()):
@@ -97,31 +96,21 @@ def simulated_run(folder: Path, change: Change) -> tuple[list, list, dict]:
     samples = sim_fidelity.merge_rounds(rounds)
     replay = from_traces(measured, name="the measured run")
     with arrival_core(change.arrival_core):
-        cost = change.apply(sim_fidelity.fitted_cost(args, "queue", samples, facts))
-        weights = run_weights(samples, simulate(replay, config, cost).steps)
-        cost = change.apply(sim_fidelity.fitted_cost(args, "queue", samples, facts, weights))
+        cost, _ = sim_fidelity.run_cost(args, "queue", samples, facts, replay, config, change.apply)
         simulated = cost.delivered(simulate(replay, config, cost).traces)
-    return measured, simulated, facts
+    return measured, simulated
 
 
 def verdict(name: str, measured: list, simulated: list, again: list | None) -> sim_fidelity.Verdict:
     """The simulated run's errors against the measured one, and the run sent again's (None: not sent)."""
-    real, model = metrics.summarize(measured), metrics.summarize(simulated)
-    second = metrics.summarize(again) if again else None
-    errors, differences = {}, {}
-    for metric in sim_fidelity.TARGETED:
-        name_, q = metric.split()
-        want = getattr(real, name_)[q]
-        errors[metric] = getattr(model, name_)[q] / want - 1
-        if second is not None:
-            differences[metric] = getattr(second, name_)[q] / want - 1
-    return sim_fidelity.Verdict(name, errors, differences or None)
+    repeat = sim_fidelity.percentiles_ms(again) if again else None
+    return sim_fidelity.verdict_of(name, metrics.summarize(measured), metrics.summarize(simulated), repeat)
 
 
 def judged(folder: Path, change: Change, scale_from: str | None, later_parts: bool = False) -> sim_fidelity.Verdict:
     """One kept run under ``change``, the step scale first read from the run (``scale_from``) where asked; judged
     on the parts after the first alone when ``later_parts`` (always with ``scale_from="first-part"``)."""
-    measured, simulated, _ = simulated_run(folder, change)
+    measured, simulated = simulated_run(folder, change)
     later_parts = later_parts or scale_from == "first-part"
     first = len(load_traces(folder / "run_part1.json")) if later_parts else 0
     if scale_from is not None:
@@ -129,7 +118,7 @@ def judged(folder: Path, change: Change, scale_from: str | None, later_parts: bo
         scale = change.step_scale
         for _ in range(2):  # the scale moves the simulated queue, so once more from where it landed
             scale *= metrics.summarize(measured[:read]).itl["mean"] / metrics.summarize(simulated[:read]).itl["mean"]
-            measured, simulated, _ = simulated_run(folder, dataclasses.replace(change, step_scale=scale))
+            measured, simulated = simulated_run(folder, dataclasses.replace(change, step_scale=scale))
         print(
             f"  {folder}: decode steps x {scale:.3f} (from {'the first part' if read < len(measured) else 'the run'})"
         )

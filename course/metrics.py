@@ -70,14 +70,12 @@ def itl_by_streams(traces: Sequence[RequestTrace], width: int = 4) -> dict[int, 
     """
     if width < 1:
         raise ValueError(f"width must be at least 1 stream, got {width}")
-    streaming = [t for t in traces if t.succeeded and t.chunk_times]
+    streaming = [t for t in traces if t.succeeded]
     starts = np.sort([t.chunk_times[0] for t in streaming])
     ends = np.sort([t.chunk_times[-1] for t in streaming])
     bins: dict[int, list[float]] = {}
     for trace in streaming:
         times = np.asarray(trace.chunk_times)
-        if len(times) < 2:
-            continue
         middles = (times[1:] + times[:-1]) / 2
         # started at or before the midpoint, less those that had already ended before it
         counts = np.searchsorted(starts, middles, side="right") - np.searchsorted(ends, middles, side="left")

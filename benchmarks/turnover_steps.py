@@ -50,7 +50,7 @@ def decode_only_gaps(traces: list[RequestTrace]) -> list[float]:
             if not holds_a_first_token(first_tokens, earlier, later)]  # fmt: skip
 
 
-def summary_line(name: str, traces: list[RequestTrace]) -> str:
+def gaps_line(name: str, traces: list[RequestTrace]) -> str:
     """One line: the decode-only gaps' median and mean, and the p50 of all gaps at 13-16 streams (ms)."""
     gaps = decode_only_gaps(traces)
     busy = metrics.itl_by_streams(traces).get(BUSY_STREAMS, [])
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                     traces = sim_fidelity.bench(args.port, work / f"{index}_{name}.json", *options, "--prompt-tokens",
                                                 str(args.prompt_tokens), "--output-tokens", str(args.output_tokens),
                                                 "--seed", str(400 + index))  # fmt: skip
-                    print(f"round {index + 1} {summary_line(name, traces)}", flush=True)
+                    print(f"round {index + 1} {gaps_line(name, traces)}", flush=True)
         finally:
             stop(server)
     print(f"{sim_fidelity.load_average()} at the end")

@@ -21,11 +21,11 @@ def test_gaps_that_hold_another_requests_first_token_are_left_out():
 
 def test_the_summary_names_the_decode_gaps_and_the_crowded_ones():
     lone = RequestTrace("a", 0.0, [1.0, 1.002, 1.004], [1] * 3)
-    line = turnover_steps.summary_line("wave", [lone])
+    line = turnover_steps.gaps_line("wave", [lone])
     assert "median  2.00 ms, mean  2.00 (2)" in line and "never 13-16 streams" in line
     crowd = [RequestTrace(str(i), 0.0, [1.0 + 0.001 * i + 0.005 * k for k in range(4)], [1] * 4) for i in range(14)]
-    assert "all gaps at 13-16 streams p50  5.00 ms" in turnover_steps.summary_line("poisson", crowd)
-    assert "no decode-only gaps" in turnover_steps.summary_line("wave", [RequestTrace("x", 0.0, [1.0], [1])])
+    assert "all gaps at 13-16 streams p50  5.00 ms" in turnover_steps.gaps_line("poisson", crowd)
+    assert "no decode-only gaps" in turnover_steps.gaps_line("wave", [RequestTrace("x", 0.0, [1.0], [1])])
 
 
 def test_the_three_shapes_send_the_same_prompts_three_ways_and_bad_options_are_refused():

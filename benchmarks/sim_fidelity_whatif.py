@@ -101,12 +101,6 @@ def simulated_run(folder: Path, change: Change) -> tuple[list, list]:
     return measured, simulated
 
 
-def verdict(name: str, measured: list, simulated: list, again: list | None) -> sim_fidelity.Verdict:
-    """The simulated run's errors against the measured one, and the run sent again's (None: not sent)."""
-    repeat = sim_fidelity.percentiles_ms(again) if again else None
-    return sim_fidelity.verdict_of(name, metrics.summarize(measured), metrics.summarize(simulated), repeat)
-
-
 def judged(folder: Path, change: Change, scale_from: str | None, later_parts: bool = False) -> sim_fidelity.Verdict:
     """One kept run under ``change``, the step scale first read from the run (``scale_from``) where asked; judged
     on the parts after the first alone when ``later_parts`` (always with ``scale_from="first-part"``)."""
@@ -125,7 +119,9 @@ def judged(folder: Path, change: Change, scale_from: str | None, later_parts: bo
     again = [
         t for path in sorted(folder.glob("repeat_part*.json"))[1 if later_parts else 0 :] for t in load_traces(path)
     ]
-    return verdict(str(folder), measured[first:], simulated[first:], again or None)
+    repeat = sim_fidelity.percentiles_ms(again) if again else None
+    real, model = metrics.summarize(measured[first:]), metrics.summarize(simulated[first:])
+    return sim_fidelity.verdict_of(str(folder), real, model, repeat)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -174,6 +175,16 @@ def process_title(pid: int, proc: Path = Path("/proc")) -> str | None:
         return None
 
 
+def _schedstats(pid: int, proc: Path) -> list[tuple[int, int, int]] | None:
+    """Each thread of ``pid``: its ``schedstat`` (nanoseconds on a CPU, nanoseconds runnable but waiting for one,
+    times put on a CPU); None when the process is gone."""
+    try:
+        return [tuple(int(field) for field in (task / "schedstat").read_text().split()[:3])
+                for task in (proc / str(pid) / "task").iterdir()]  # fmt: skip
+    except (OSError, ValueError):  # it ended meanwhile
+        return None
+
+
 def cpu_seconds_outside(pid: int, model_processes: str, proc: Path = Path("/proc")) -> float | None:
     """The CPU time (s) that the threads of ``pid``'s process tree have run so far, less the processes whose
     command line starts with ``model_processes`` (vLLM's model runners retitle themselves ``VLLM::Worker``,
@@ -185,15 +196,48 @@ def cpu_seconds_outside(pid: int, model_processes: str, proc: Path = Path("/proc
     nanoseconds, counted = 0, False
     for member in process_tree(pid, proc):
         title = process_title(member, proc)
-        if title is None or title.startswith(model_processes):
-            continue
-        try:
-            for task in (proc / str(member) / "task").iterdir():
-                nanoseconds += int((task / "schedstat").read_text().split()[0])
-                counted = True
-        except OSError:  # it ended meanwhile
-            continue
+        threads = None if title is None or title.startswith(model_processes) else _schedstats(member, proc)
+        if threads:
+            nanoseconds += sum(thread[0] for thread in threads)
+            counted = True
     return nanoseconds / 1e9 if counted else None
+
+
+@dataclass(frozen=True)
+class CoreTime:
+    """What a process's threads have had of the CPUs so far.
+
+    Attributes:
+        ran: seconds on a CPU.
+        waited: seconds runnable but waiting for a CPU (another process had it): on a server pinned to one core,
+            how much its processes take the core from one another.
+        slices: times put on a CPU (each wake-up is at least one).
+    """
+
+    ran: float
+    waited: float
+    slices: int
+
+    def since(self, earlier: CoreTime) -> CoreTime:
+        """What was added after ``earlier`` (the same process read before)."""
+        return CoreTime(self.ran - earlier.ran, self.waited - earlier.waited, self.slices - earlier.slices)
+
+
+def core_time_by_process(pid: int, proc: Path = Path("/proc")) -> dict[str, CoreTime]:
+    """:class:`CoreTime` of every process in ``pid``'s tree, by title (the last part of its first argument:
+    ``python`` for vLLM's API server, ``VLLM::EngineCore``, ``VLLM::Worker``); processes of one title are summed.
+    Read from each thread's ``schedstat``; empty when the server is gone."""
+    times: dict[str, CoreTime] = {}
+    for member in process_tree(pid, proc):
+        title = process_title(member, proc)
+        threads = None if title is None else _schedstats(member, proc)
+        if threads is None:
+            continue
+        name = title.rsplit("/", 1)[-1]
+        ran, waited, slices = (sum(column) for column in zip(*threads)) if threads else (0, 0, 0)
+        earlier = times.get(name, CoreTime(0.0, 0.0, 0))
+        times[name] = CoreTime(earlier.ran + ran / 1e9, earlier.waited + waited / 1e9, earlier.slices + slices)
+    return times
 
 
 def _tail(log: IO, chars: int = 1500) -> str:

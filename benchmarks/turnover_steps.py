@@ -4,16 +4,21 @@
 more) and predicts a Poisson run. On vLLM the run's gaps at 13-16 streams came out 10-25 % above the simulated
 ones in all 26 kept runs, while the waves lie on the fitted line (benchmarks/RESULTS.md, "What the simulator
 would need to predict vLLM"). This benchmark asks which difference between the two does it. In rounds, on one
-server, it sends the same prompts three ways:
+server, it sends the same prompts four ways:
 
 * **wave**: the calibration's closed wave: ``--streams`` requests at once, twice over;
 * **turnover**: a closed loop that keeps ``--streams`` requests in flight for ten times as many requests, so
   the batch turns over all the time (one request leaves, the next joins and is prefilled) as a busy run's does;
+* **queue**: the same loop with twice as many in flight: the batch is full and as many wait in the server's
+  queue, as when a Poisson run outruns the server;
 * **poisson**: Poisson arrivals at ``--rate``, as the run to predict (no cap on requests in flight: a queue forms).
 
 For each it prints the decode-only gaps (a gap in which no other request got its first token; the steps that
 carry a prefill are left out) and the p50 of all gaps while 13 to 16 requests streamed
-(``course.metrics.itl_by_streams``).
+(``course.metrics.itl_by_streams``); then, per request, what each of the server's processes had of the CPUs
+(its threads' ``/proc/<pid>/task/*/schedstat``): the time on a CPU, and the time it was ready to run but another
+process held the core. On vLLM three processes share the server's core (the API server, the engine core and the
+model's worker), so one's work is the others' wait.
 
     .venv/bin/python benchmarks/turnover_steps.py [--engine vllm|course] [--rounds 3] [--rate 30]
 
@@ -33,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sim_fidelity  # noqa: E402  (benchmarks/ is not a package)
-from _processes import start_server, stop  # noqa: E402
+from _processes import CoreTime, core_time_by_process, start_server, stop  # noqa: E402
 
 from course import metrics  # noqa: E402
 from course.capacity import holds_a_first_token  # noqa: E402
@@ -63,11 +68,27 @@ def gaps_line(name: str, traces: list[RequestTrace]) -> str:
     return f"{name:9s} {decode}; {crowded}"
 
 
+def core_line(before: dict[str, CoreTime], after: dict[str, CoreTime], requests: int) -> str:
+    """One line: each server process's time on a CPU and its wait for one between two reads, per request (ms),
+    the busiest first."""
+    used = {name: after[name].since(before.get(name, CoreTime(0.0, 0.0, 0))) for name in after}
+    requests = max(requests, 1)
+    busiest = sorted(used.items(), key=lambda pair: -pair[1].ran)
+    cells = [f"{name} {t.ran / requests * 1e3:.2f} ran, {t.waited / requests * 1e3:.2f} waited, "
+             f"{t.slices / requests:.0f} slices" for name, t in busiest]  # fmt: skip
+    return (
+        f"          per request: {'; '.join(cells)}"
+        if cells
+        else "          per request: the server's processes unread"
+    )
+
+
 def shapes(streams: int, rate: float) -> list[tuple[str, list[str]]]:
-    """The three ways to send the prompts: ``course bench`` options for each."""
+    """The ways to send the prompts: ``course bench`` options for each."""
     return [
         ("wave", ["--concurrency", str(streams), "--num-requests", str(2 * streams)]),
         ("turnover", ["--concurrency", str(streams), "--num-requests", str(10 * streams)]),
+        ("queue", ["--concurrency", str(2 * streams), "--num-requests", str(10 * streams)]),
         ("poisson", ["--request-rate", f"{rate:g}", "--num-requests", str(10 * streams)]),
     ]
 
@@ -108,10 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for index in range(args.rounds):
                 for name, options in shapes(args.streams, args.rate):
+                    before = core_time_by_process(server.pid)
                     traces = sim_fidelity.bench(args.port, work / f"{index}_{name}.json", *options, "--prompt-tokens",
                                                 str(args.prompt_tokens), "--output-tokens", str(args.output_tokens),
                                                 "--seed", str(400 + index))  # fmt: skip
-                    print(f"round {index + 1} {gaps_line(name, traces)}", flush=True)
+                    print(f"round {index + 1} {gaps_line(name, traces)}")
+                    print(core_line(before, core_time_by_process(server.pid), len(traces)), flush=True)
         finally:
             stop(server)
     print(f"{sim_fidelity.load_average()} at the end")

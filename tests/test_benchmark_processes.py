@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-from _processes import cpu_seconds_outside, idle_policy, process_tree  # noqa: E402  (benchmarks/ is not a package)
+from _processes import (  # noqa: E402  (benchmarks/ is not a package)
+    CoreTime,
+    core_time_by_process,
+    cpu_seconds_outside,
+    idle_policy,
+    process_tree,
+)
 
 
 def fake_sysfs(root: Path, files: dict[str, str]) -> Path:
@@ -77,3 +83,21 @@ def test_a_servers_cpu_time_counts_its_tree_but_the_models_worker(tmp_path):
     assert cpu_seconds_outside(100, "VLLM::Worker", proc) == pytest.approx(6.5e-3)
     assert cpu_seconds_outside(100, "nothing", proc) == pytest.approx(101.5e-3), "every process counted"
     assert cpu_seconds_outside(999, "VLLM::Worker", proc) is None, "a server that is gone says nothing"
+
+
+def test_core_time_by_process_sums_threads_and_same_titles_and_takes_differences(tmp_path):
+    proc = fake_proc(tmp_path, {
+        100: ("/opt/venv/bin/python", [200, 250], {100: 3_000_000, 101: 1_000_000}),
+        200: ("VLLM::EngineCore", [300], {200: 2_500_000}),
+        250: ("VLLM::EngineCore", [], {250: 500_000}),
+        300: ("VLLM::Worker", [], {300: 90_000_000, 301: 5_000_000}),
+    })  # fmt: skip
+    times = core_time_by_process(100, proc)
+    assert set(times) == {"python", "VLLM::EngineCore", "VLLM::Worker"}, "titles without their folder"
+    assert times["python"] == CoreTime(pytest.approx(4e-3), pytest.approx(2 * 12345e-9), 2 * 67), "two threads"
+    assert times["VLLM::EngineCore"].ran == pytest.approx(3e-3) and times["VLLM::EngineCore"].slices == 2 * 67
+    later = CoreTime(
+        times["VLLM::Worker"].ran + 0.5, times["VLLM::Worker"].waited + 0.25, times["VLLM::Worker"].slices + 9
+    )
+    assert later.since(times["VLLM::Worker"]) == CoreTime(pytest.approx(0.5), pytest.approx(0.25), 9)
+    assert core_time_by_process(999, proc) == {}, "a server that is gone: nothing"

@@ -16,6 +16,14 @@ can be tried on every kept run in a minute before it is built and measured live:
 * ``--step-scale-from first-part``: K from the run's first part alone; the errors are then those of the other
   parts, against the same parts sent again. Whether a step scale measured under load carries to the rest of
   the run. ``--later-parts`` judges any change (none too) on those parts alone, for the comparison.
+* ``--step-scale-from each-part``: each part simulated on its own, with the K that puts its mean ITL on that part's:
+  the machine's speed during each part (a part lasts seconds), read from the part itself. A bound on what a
+  calibration that knew the speed of every stretch of the run could do; ``--scale-noise SIGMA`` multiplies each
+  part's K by a log-normal factor (``exp`` of a normal draw of spread SIGMA, ``--seed``): how well such a
+  calibration would have to know that speed.
+* ``--rounds-beside-each-part``: no scale; each part simulated on its own with the model fitted to the two
+  calibration rounds either side of it (the round before the part and the one after), not to all of them: what
+  the calibration taken nearest each part knows of the machine's speed then.
 
     .venv/bin/python benchmarks/sim_fidelity_whatif.py [change] --replay DIR [DIR ...]
 
@@ -32,6 +40,8 @@ import io
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,35 +97,89 @@ def arrival_core(seconds: float | None) -> Iterator[None]:
         FrontDoor.stretch = original
 
 
-def simulated_run(folder: Path, change: Change) -> tuple[list, list]:
-    """The kept run's measured traces and the changed model's simulated ones (as a client sees them)."""
+def simulated_run(
+    folder: Path, change: Change, part: list | None = None, beside: int | None = None
+) -> tuple[list, list]:
+    """The kept run's measured traces and the changed model's simulated ones (as a client sees them); of ``part``
+    alone (some of the run's traces: one of its parts) where given, with the model fitted where the whole run lives.
+    ``beside``: fitted to the calibration rounds either side of the run's part of that number (1 for the first:
+    the rounds before and after it) instead of all of them."""
     args = sim_fidelity.parse_args(["--replay", str(folder), *FIT])
     config = sim_fidelity.sim_config(args)
     with contextlib.redirect_stdout(io.StringIO()):
         rounds, measured, facts = sim_fidelity.replayed(folder, sim_fidelity.kept_rounds(folder))
+    if beside is not None:
+        rounds = rounds[beside - 1 : beside + 1]
     samples = sim_fidelity.merge_rounds(rounds)
     replay = from_traces(measured, name="the measured run")
     with arrival_core(change.arrival_core):
         cost, _ = sim_fidelity.run_cost(args, "queue", samples, facts, replay, config, change.apply)
+        if part is not None:
+            measured, replay = part, from_traces(part, name="one part of the measured run")
         simulated = cost.delivered(simulate(replay, config, cost).traces)
     return measured, simulated
 
 
-def judged(folder: Path, change: Change, scale_from: str | None, later_parts: bool = False) -> sim_fidelity.Verdict:
-    """One kept run under ``change``, the step scale first read from the run (``scale_from``) where asked; judged
-    on the parts after the first alone when ``later_parts`` (always with ``scale_from="first-part"``)."""
-    measured, simulated = simulated_run(folder, change)
+def scaled_to(
+    folder: Path, change: Change, part: list | None = None, read: int | None = None
+) -> tuple[float, list, list]:
+    """The step scale that puts the simulated mean ITL of the first ``read`` requests (all by default) on the
+    measured one, of ``part`` where given (else of the whole run), found twice since the scale moves the simulated
+    queue; with that scale's measured and simulated traces."""
+    scale = change.step_scale
+    measured, simulated = simulated_run(folder, change, part)
+    read = read or len(measured)
+    for _ in range(2):
+        scale *= metrics.summarize(measured[:read]).itl["mean"] / metrics.summarize(simulated[:read]).itl["mean"]
+        measured, simulated = simulated_run(folder, dataclasses.replace(change, step_scale=scale), part)
+    return scale, measured, simulated
+
+
+def each_part(
+    folder: Path, change: Change, noise: float, rng: np.random.Generator, beside: bool = False
+) -> tuple[list, list]:
+    """The run's parts, each simulated on its own with the step scale read from that part (:func:`scaled_to`) times
+    ``exp`` of a normal draw of spread ``noise``: the measured traces and the simulated ones, part after part.
+    With ``beside``, each part is instead fitted to the two calibration rounds either side of it, unscaled: what a
+    calibration taken at the part's time knows of the machine's speed then."""
+    paths = sorted(folder.glob("run_part*.json"))
+    if beside and len(paths) + 1 != sim_fidelity.kept_rounds(folder):
+        rounds = sim_fidelity.kept_rounds(folder)
+        raise SystemExit(f"{folder}: {len(paths)} parts between {rounds} calibration rounds; fitting each part to "
+                         "the rounds beside it needs a round before and after every part")  # fmt: skip
+    measured, simulated, said = [], [], []
+    for number, path in enumerate(paths, start=1):
+        if beside:
+            real, model = simulated_run(folder, change, load_traces(path), number)
+            measured, simulated = measured + real, simulated + model
+            continue
+        scale, real, model = scaled_to(folder, change, load_traces(path))
+        if noise > 0:
+            scale *= float(np.exp(rng.normal(0.0, noise)))
+            real, model = simulated_run(folder, dataclasses.replace(change, step_scale=scale), real)
+        measured, simulated = measured + real, simulated + model
+        said.append(f"{scale:.3f}")
+    if not beside:
+        print(f"  {folder}: decode steps x {', '.join(said)} (from each part{f', noise {noise:g}' if noise else ''})")
+    return measured, simulated
+
+
+def judged(folder: Path, change: Change, scale_from: str | None, later_parts: bool = False, noise: float = 0.0,
+           rng: np.random.Generator | None = None) -> sim_fidelity.Verdict:  # fmt: skip
+    """One kept run under ``change``, the step scale first read from the run (``scale_from``: ``"run"``,
+    ``"first-part"`` or ``"each-part"``, there with ``noise``, drawn from ``rng``) where asked, or each part fitted to
+    the calibration rounds beside it (``"rounds-beside"``); judged on the parts after the first alone when
+    ``later_parts`` (always with ``scale_from="first-part"``)."""
     later_parts = later_parts or scale_from == "first-part"
     first = len(load_traces(folder / "run_part1.json")) if later_parts else 0
-    if scale_from is not None:
-        read = first if scale_from == "first-part" else len(measured)
-        scale = change.step_scale
-        for _ in range(2):  # the scale moves the simulated queue, so once more from where it landed
-            scale *= metrics.summarize(measured[:read]).itl["mean"] / metrics.summarize(simulated[:read]).itl["mean"]
-            measured, simulated = simulated_run(folder, dataclasses.replace(change, step_scale=scale))
-        print(
-            f"  {folder}: decode steps x {scale:.3f} (from {'the first part' if read < len(measured) else 'the run'})"
-        )
+    if scale_from in ("each-part", "rounds-beside"):
+        rng = rng or np.random.default_rng(0)
+        measured, simulated = each_part(folder, change, noise, rng, beside=scale_from == "rounds-beside")
+    elif scale_from is not None:
+        scale, measured, simulated = scaled_to(folder, change, read=first or None)
+        print(f"  {folder}: decode steps x {scale:.3f} (from {'the first part' if first else 'the run'})")
+    else:
+        measured, simulated = simulated_run(folder, change)
     again = [
         t for path in sorted(folder.glob("repeat_part*.json"))[1 if later_parts else 0 :] for t in load_traces(path)
     ]
@@ -130,11 +194,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-spread-scale", type=float, default=1.0, metavar="K")
     parser.add_argument("--arrival-core-ms", type=float, metavar="MS")
     parser.add_argument("--step-scale", type=float, default=1.0, metavar="K")
-    parser.add_argument("--step-scale-from", choices=("run", "first-part"))
+    parser.add_argument("--step-scale-from", choices=("run", "first-part", "each-part"))
+    parser.add_argument("--rounds-beside-each-part", action="store_true",
+                        help="each part fitted to the calibration rounds before and after it, not to all")  # fmt: skip
     parser.add_argument("--later-parts", action="store_true", help="judge the parts after the first alone")
+    parser.add_argument(
+        "--scale-noise",
+        type=float,
+        default=0.0,
+        metavar="SIGMA",
+        help="with --step-scale-from each-part: each part's scale times exp(normal(0, SIGMA))",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the --scale-noise draws")
     args = parser.parse_args(argv)
     if args.decode_spread_scale < 0 or args.step_scale <= 0 or (args.arrival_core_ms or 0) < 0:
         parser.error("scales must be positive (the spread's may be 0) and --arrival-core-ms at least 0")
+    if args.scale_noise < 0 or (args.scale_noise and args.step_scale_from != "each-part"):
+        parser.error("--scale-noise is a spread (at least 0) of the scale read from each part: "
+                     "give it with --step-scale-from each-part")  # fmt: skip
+    if args.rounds_beside_each_part and args.step_scale_from:
+        parser.error("--rounds-beside-each-part fits each part without a scale; leave out --step-scale-from")
+    if args.later_parts and (args.rounds_beside_each_part or args.step_scale_from == "each-part"):
+        parser.error("each part simulated on its own is judged on the whole run; leave out --later-parts")
+    if args.rounds_beside_each_part:
+        args.step_scale_from = "rounds-beside"
     return args
 
 
@@ -142,9 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     change = Change(args.decode_spread_scale, None if args.arrival_core_ms is None else args.arrival_core_ms / 1e3,
                     args.step_scale)  # fmt: skip
-    print(f"the fit of sim_fidelity.py {' '.join(FIT)}, changed: {change}"
-          f"{f'; decode steps scaled from {args.step_scale_from}' if args.step_scale_from else ''}")  # fmt: skip
-    verdicts = [judged(Path(folder), change, args.step_scale_from, args.later_parts) for folder in args.replay]
+    how = {None: "", "rounds-beside": "; each part fitted to the calibration rounds beside it"}.get(
+        args.step_scale_from, f"; decode steps scaled from {args.step_scale_from}"
+    )
+    print(f"the fit of sim_fidelity.py {' '.join(FIT)}, changed: {change}{how}")
+    rng = np.random.default_rng(args.seed)
+    verdicts = [judged(Path(folder), change, args.step_scale_from, args.later_parts, args.scale_noise, rng)
+                for folder in args.replay]  # fmt: skip
     sim_fidelity.print_tally(verdicts)
     return 0
 

@@ -2,11 +2,14 @@
 
 import dataclasses
 import json
+import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from course import metrics
 from course.sim import FrontEnd, LinearCost, ServerCost
 from course.sim.frontend import FrontDoor
 from course.trace import load_traces, save_traces
@@ -86,3 +89,53 @@ def test_the_script_tallies_the_kept_runs_and_refuses_a_negative_scale(tmp_path,
     assert "arrival_core=0.001" in out and "within the bar on all four:" in out and "of 2 runs" in out
     with pytest.raises(SystemExit):
         whatif.main(["--step-scale", "-1", "--replay", str(tmp_path / "a")])
+
+
+def test_a_step_scale_read_from_each_part_puts_every_part_on_its_own_speed(tmp_path, capsys):
+    keep_a_run_in_parts(tmp_path)
+    run = load_traces(tmp_path / "run.json")
+    # the second part's server 30 % slower: one scale for the run cannot fit both, one per part can
+    slow = [dataclasses.replace(t, chunk_times=[t.send_time + (x - t.send_time) * 1.3 for x in t.chunk_times])
+            for t in run[10:20]]  # fmt: skip
+    save_traces(tmp_path / "run_part2.json", slow)
+    save_traces(tmp_path / "run.json", run[:10] + slow + run[20:])
+    change = whatif.Change()
+    measured, simulated = whatif.each_part(tmp_path, change, 0.0, np.random.default_rng(0))
+    assert [t.request_id for t in measured] == [t.request_id for t in run], "every part once, in order"
+    scales = [float(x) for x in capsys.readouterr().out.split("decode steps x ")[1].split(" (")[0].split(", ")]
+    assert len(scales) == 3 and scales[1] > 1.15 * max(scales[0], scales[2]), "the slow part gets its own scale"
+    for part in range(3):
+        real, model = (
+            metrics.summarize(traces[10 * part : 10 * part + 10]).itl["mean"] for traces in (measured, simulated)
+        )
+        assert model == pytest.approx(real, rel=0.05), f"part {part + 1} on its own speed"
+    whatif.each_part(tmp_path, change, 0.2, np.random.default_rng(7))
+    noisy = [float(x) for x in capsys.readouterr().out.split("decode steps x ")[1].split(" (")[0].split(", ")]
+    draws = np.random.default_rng(7).normal(0.0, 0.2, size=3)
+    assert noisy == pytest.approx(np.multiply(scales, np.exp(draws)), rel=1e-3), "each part's scale times its draw"
+
+
+def test_scale_noise_goes_only_with_each_part_and_each_part_judges_the_whole_run(tmp_path):
+    base = ["--replay", str(tmp_path)]
+    assert whatif.parse_args([*base, "--step-scale-from", "each-part", "--scale-noise", "0.1"]).scale_noise == 0.1
+    assert whatif.parse_args([*base, "--rounds-beside-each-part"]).step_scale_from == "rounds-beside"
+    for wrong in (["--scale-noise", "0.1"], ["--step-scale-from", "run", "--scale-noise", "0.1"],
+                  ["--step-scale-from", "each-part", "--scale-noise", "-0.1"],
+                  ["--step-scale-from", "each-part", "--later-parts"], ["--rounds-beside-each-part", "--later-parts"],
+                  ["--rounds-beside-each-part", "--step-scale-from", "run"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            whatif.parse_args([*base, *wrong])
+
+
+def test_each_part_fitted_to_the_rounds_beside_it_sees_only_those_rounds(tmp_path, monkeypatch):
+    keep_a_run_in_parts(tmp_path)
+    shutil.copytree(tmp_path / "after1", tmp_path / "after3")  # three parts need a fourth round after the last
+    merged = []
+    real_merge = sim_fidelity.merge_rounds
+    monkeypatch.setattr(sim_fidelity, "merge_rounds", lambda rounds: merged.append(len(rounds)) or real_merge(rounds))
+    measured, simulated = whatif.each_part(tmp_path, whatif.Change(), 0.0, np.random.default_rng(0), beside=True)
+    assert merged == [2, 2, 2], "each part from the round before it and the round after it"
+    assert len(measured) == len(simulated) == 30
+    shutil.rmtree(tmp_path / "after3")
+    with pytest.raises(SystemExit, match="a round before and after every part"):
+        whatif.each_part(tmp_path, whatif.Change(), 0.0, np.random.default_rng(0), beside=True)

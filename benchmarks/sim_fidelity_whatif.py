@@ -137,17 +137,17 @@ def scaled_to(
 
 def each_part(
     folder: Path, change: Change, noise: float, rng: np.random.Generator, beside: bool = False
-) -> tuple[list, list]:
+) -> tuple[list, list, list[float]]:
     """The run's parts, each simulated on its own with the step scale read from that part (:func:`scaled_to`) times
-    ``exp`` of a normal draw of spread ``noise``: the measured traces and the simulated ones, part after part.
-    With ``beside``, each part is instead fitted to the two calibration rounds either side of it, unscaled: what a
-    calibration taken at the part's time knows of the machine's speed then."""
+    ``exp`` of a normal draw of spread ``noise``: the measured traces and the simulated ones, part after part, and
+    each part's scale. With ``beside``, each part is instead fitted to the two calibration rounds either side of it,
+    unscaled (no scales): what a calibration taken at the part's time knows of the machine's speed then."""
     paths = sorted(folder.glob("run_part*.json"))
-    if beside and len(paths) + 1 != sim_fidelity.kept_rounds(folder):
-        rounds = sim_fidelity.kept_rounds(folder)
+    rounds = sim_fidelity.kept_rounds(folder)
+    if beside and len(paths) + 1 != rounds:
         raise SystemExit(f"{folder}: {len(paths)} parts between {rounds} calibration rounds; fitting each part to "
                          "the rounds beside it needs a round before and after every part")  # fmt: skip
-    measured, simulated, said = [], [], []
+    measured, simulated, scales = [], [], []
     for number, path in enumerate(paths, start=1):
         if beside:
             real, model = simulated_run(folder, change, load_traces(path), number)
@@ -158,10 +158,11 @@ def each_part(
             scale *= float(np.exp(rng.normal(0.0, noise)))
             real, model = simulated_run(folder, dataclasses.replace(change, step_scale=scale), real)
         measured, simulated = measured + real, simulated + model
-        said.append(f"{scale:.3f}")
-    if not beside:
-        print(f"  {folder}: decode steps x {', '.join(said)} (from each part{f', noise {noise:g}' if noise else ''})")
-    return measured, simulated
+        scales.append(scale)
+    if scales:
+        said = ", ".join(f"{scale:.3f}" for scale in scales)
+        print(f"  {folder}: decode steps x {said} (from each part{f', noise {noise:g}' if noise else ''})")
+    return measured, simulated, scales
 
 
 def judged(folder: Path, change: Change, scale_from: str | None, later_parts: bool = False, noise: float = 0.0,
@@ -174,7 +175,7 @@ def judged(folder: Path, change: Change, scale_from: str | None, later_parts: bo
     first = len(load_traces(folder / "run_part1.json")) if later_parts else 0
     if scale_from in ("each-part", "rounds-beside"):
         rng = rng or np.random.default_rng(0)
-        measured, simulated = each_part(folder, change, noise, rng, beside=scale_from == "rounds-beside")
+        measured, simulated, _ = each_part(folder, change, noise, rng, beside=scale_from == "rounds-beside")
     elif scale_from is not None:
         scale, measured, simulated = scaled_to(folder, change, read=first or None)
         print(f"  {folder}: decode steps x {scale:.3f} (from {'the first part' if first else 'the run'})")
